@@ -1,0 +1,127 @@
+"""Drop-in ``PPOConfig`` / ``PPO`` subclasses that take the extension flags.
+
+``rllib_ext.PPOConfig().training(gae="vectorized", lambda_=0.95)`` behaves exactly like
+RLlib's ``PPOConfig.training`` for every RLlib argument and additionally accepts the
+extension flags of :mod:`rllib_ext.settings` plus the 2023 tutorial's old names
+(``num_sgd_iter``, ``sgd_minibatch_size``). The flags are stored in the config's
+``learner_config_dict``, which RLlib already carries through ``copy()``, ``to_dict()``,
+checkpoints and Ray Tune; the learner class is pinned in ``_learner_class`` for the same
+reason (Tune rebuilds a plain ``PPOConfig`` from the dict when given the ``"PPO"`` trainable).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any
+
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
+from ray.rllib.algorithms.ppo import PPO as _RLlibPPO
+from ray.rllib.algorithms.ppo import PPOConfig as _RLlibPPOConfig
+from ray.rllib.utils.annotations import override
+
+from rllib_ext.settings import ExtensionSettings, extension_keys, split_extension_kwargs
+
+__all__ = ["PPO", "PPOConfig"]
+
+logger = logging.getLogger(__name__)
+
+
+def _training_parameters() -> frozenset[str]:
+    names: set[str] = set()
+    for cls in (_RLlibPPOConfig, AlgorithmConfig):
+        sig = inspect.signature(cls.training)
+        names.update(
+            p.name for p in sig.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY
+        )
+    return frozenset(names)
+
+
+_RLLIB_TRAINING_KEYS = _training_parameters()
+
+
+def _check_unit_interval(name: str, value: Any) -> None:
+    if value is NotProvided or value is None:
+        return
+    if not isinstance(value, (int, float)) or not 0.0 <= float(value) <= 1.0:
+        raise ValueError(
+            f"{name}={value!r} is out of range; allowed: a number in [0, 1]. "
+            f"Fix: pass e.g. .training({name}={0.95 if name == 'lambda_' else 0.99})."
+        )
+
+
+class PPOConfig(_RLlibPPOConfig):
+    """RLlib's ``PPOConfig`` plus the rllib_ext flags (see :mod:`rllib_ext.settings`)."""
+
+    def __init__(self, algo_class: type | None = None) -> None:
+        super().__init__(algo_class=algo_class or PPO)
+        from rllib_ext.learners.ppo import PPOExtTorchLearner
+
+        # Pinned (not only returned by get_default_learner_class) so that it survives
+        # `to_dict()` -> plain PPOConfig, which is what Tune does with a config subclass.
+        self._learner_class = PPOExtTorchLearner
+        self.learner_config_dict.update(ExtensionSettings().to_flat())
+
+    @override(_RLlibPPOConfig)
+    def training(self, **kwargs: Any) -> PPOConfig:
+        """RLlib's ``training()`` plus the extension flags.
+
+        Extension flags: see ``rllib_ext.settings.extension_keys()``. Old names accepted:
+        ``num_sgd_iter`` -> ``num_epochs``, ``sgd_minibatch_size`` -> ``minibatch_size``.
+
+        Raises:
+            ValueError: for an unknown keyword or a bad extension value.
+        """
+        ext, rest = split_extension_kwargs(kwargs)
+        for key in rest:
+            if key not in _RLLIB_TRAINING_KEYS:
+                raise ValueError(
+                    f"Unknown training() argument {key!r}. It is neither an RLlib PPO setting "
+                    f"nor an rllib_ext flag ({', '.join(extension_keys())}). Fix: check the "
+                    "spelling; old RLlib names are listed in the rllib_ext README."
+                )
+        _check_unit_interval("lambda_", rest.get("lambda_", NotProvided))
+        _check_unit_interval("gamma", rest.get("gamma", NotProvided))
+        super().training(**rest)
+        if ext:
+            merged = {**self._extension_flat(), **ext}
+            ExtensionSettings.from_flat(merged, where="training()")
+            self.learner_config_dict.update(ext)
+        return self
+
+    def _extension_flat(self) -> dict[str, Any]:
+        keys = set(extension_keys())
+        return {k: v for k, v in self.learner_config_dict.items() if k in keys}
+
+    @property
+    def extension_settings(self) -> ExtensionSettings:
+        """The validated extension settings this config will give its learners."""
+        return ExtensionSettings.from_learner_config_dict(self.learner_config_dict)
+
+    @override(_RLlibPPOConfig)
+    def get_default_learner_class(self) -> type:
+        from rllib_ext.learners.ppo import PPOExtTorchLearner
+
+        return PPOExtTorchLearner
+
+    @override(_RLlibPPOConfig)
+    def validate(self) -> None:
+        super().validate()
+        _check_unit_interval("lambda_", self.lambda_)
+        _check_unit_interval("gamma", self.gamma)
+        # Raises a ValueError naming key/allowed values for bad dict-route input
+        # (`update_from_dict`, Tune param spaces, YAML files).
+        ExtensionSettings.from_learner_config_dict(self.learner_config_dict)
+
+
+class PPO(_RLlibPPO):
+    """RLlib's PPO whose default config is :class:`rllib_ext.PPOConfig`.
+
+    Use it as the Tune trainable (``tune.Tuner(rllib_ext.PPO, param_space=config)``) so the
+    extension survives Tune's dict round-trip.
+    """
+
+    @classmethod
+    @override(_RLlibPPO)
+    def get_default_config(cls) -> PPOConfig:
+        return PPOConfig()

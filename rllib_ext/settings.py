@@ -1,0 +1,157 @@
+"""Extension settings: one small dataclass per component, validated in one place.
+
+Both ways of switching components on read these classes:
+
+* ``rllib_ext.PPOConfig().training(gae="vectorized", ...)`` writes the flags into the
+  config's ``learner_config_dict``;
+* the stock ``ray.rllib.algorithms.ppo.PPOConfig().learners(learner_class=PPOExtTorchLearner,
+  learner_config_dict={"gae": "vectorized"})`` puts them there directly.
+
+The learner builds an :class:`ExtensionSettings` from that dict with
+:meth:`ExtensionSettings.from_learner_config_dict`, so a bad value fails the same way on
+both routes: a ``ValueError`` naming the key, the allowed values and the fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal
+
+__all__ = [
+    "GAE_IMPLS",
+    "STANDARDIZE_MODES",
+    "ExtensionSettings",
+    "GAESettings",
+    "extension_keys",
+    "split_extension_kwargs",
+]
+
+GAE_IMPLS: tuple[str, ...] = ("rllib", "vectorized")
+STANDARDIZE_MODES: tuple[str, ...] = ("all", "masked", "none")
+
+
+def _check_choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(
+            f"{key}={value!r} is not supported; allowed values: "
+            f"{', '.join(repr(a) for a in allowed)}. "
+            f"Fix: pass one of them, e.g. .training({key}={allowed[-1]!r})."
+        )
+
+
+@dataclass(frozen=True)
+class GAESettings:
+    """Generalized advantage estimation in the PPO learner connector."""
+
+    gae: Literal["rllib", "vectorized"] = "vectorized"
+    """``"vectorized"``: rllib_ext's exact loop-free kernel and connector; ``"rllib"``: RLlib's
+    own ``GeneralAdvantageEstimation`` (unchanged)."""
+
+    standardize_advantages: Literal["all", "masked", "none"] = "all"
+    """``"all"`` reproduces RLlib: mean/std over every row of the train batch, including the
+    one bootstrap row that RLlib appends to each episode chunk (masked out of the loss).
+    ``"masked"`` uses only the rows the loss sees; ``"none"`` leaves advantages raw.
+    Only ``"all"`` is available with ``gae="rllib"``."""
+
+    def __post_init__(self) -> None:
+        _check_choice("gae", self.gae, GAE_IMPLS)
+        _check_choice("standardize_advantages", self.standardize_advantages, STANDARDIZE_MODES)
+        if self.gae == "rllib" and self.standardize_advantages != "all":
+            raise ValueError(
+                f"standardize_advantages={self.standardize_advantages!r} needs gae='vectorized': "
+                "RLlib's own GAE connector always standardizes over all rows. Fix: use "
+                "gae='vectorized' or leave standardize_advantages at 'all'."
+            )
+
+
+_COMPONENTS: tuple[type, ...] = (GAESettings,)
+
+# Old (2023 tutorial / pre-2.10 RLlib) spellings accepted by `rllib_ext.PPOConfig.training()`.
+# Each maps to exactly one current setting.
+TRAINING_ALIASES: dict[str, str] = {
+    "num_sgd_iter": "num_epochs",
+    "sgd_minibatch_size": "minibatch_size",
+}
+
+
+def extension_keys() -> tuple[str, ...]:
+    """All flat keys the extension understands, in declaration order."""
+    return tuple(f.name for comp in _COMPONENTS for f in fields(comp))
+
+
+def _unknown_key_error(key: str, where: str) -> ValueError:
+    allowed = extension_keys()
+    close = difflib.get_close_matches(key, allowed, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return ValueError(
+        f"Unknown rllib_ext setting {key!r} in {where}.{hint} Allowed keys: "
+        f"{', '.join(allowed)}. Fix: remove the key or use one of the allowed names."
+    )
+
+
+@dataclass(frozen=True)
+class ExtensionSettings:
+    """All component settings of one learner."""
+
+    gae: GAESettings = field(default_factory=GAESettings)
+
+    @classmethod
+    def from_flat(cls, flat: Mapping[str, Any], *, where: str = "the settings") -> ExtensionSettings:
+        """Builds settings from flat keys (``{"gae": "vectorized", ...}``).
+
+        Raises:
+            ValueError: for an unknown key or a bad value.
+        """
+        known = set(extension_keys())
+        for key in flat:
+            if key not in known:
+                raise _unknown_key_error(key, where)
+        parts = {}
+        for comp in _COMPONENTS:
+            names = {f.name for f in fields(comp)}
+            parts[comp] = comp(**{k: v for k, v in flat.items() if k in names})
+        return cls(gae=parts[GAESettings])
+
+    @classmethod
+    def from_learner_config_dict(cls, learner_config_dict: Mapping[str, Any] | None) -> ExtensionSettings:
+        """Reads the extension keys out of an RLlib ``learner_config_dict``.
+
+        Keys starting with ``_`` or ``user_`` are left to the user's own learner code;
+        every other key must be an extension key.
+        """
+        flat = {
+            k: v
+            for k, v in (learner_config_dict or {}).items()
+            if not (str(k).startswith("_") or str(k).startswith("user_"))
+        }
+        return cls.from_flat(flat, where="learner_config_dict")
+
+    def to_flat(self) -> dict[str, Any]:
+        """The flat ``learner_config_dict`` form (inverse of :meth:`from_flat`)."""
+        out: dict[str, Any] = {}
+        for comp in (self.gae,):
+            out.update(asdict(comp))
+        return out
+
+
+def split_extension_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Splits ``.training(**kwargs)`` into (extension flags, RLlib kwargs), resolving aliases."""
+    known = set(extension_keys())
+    ext: dict[str, Any] = {}
+    rest: dict[str, Any] = {}
+    for key, value in kwargs.items():
+        if key in known:
+            ext[key] = value
+        elif key in TRAINING_ALIASES:
+            new = TRAINING_ALIASES[key]
+            if new in kwargs:
+                raise ValueError(
+                    f"Both {key!r} and {new!r} were given; {key!r} is the old name of {new!r}. "
+                    f"Fix: pass only {new}=..."
+                )
+            rest[new] = value
+        else:
+            rest[key] = value
+    return ext, rest
