@@ -82,11 +82,10 @@ class PPOConfig(_RLlibPPOConfig):
                 )
         _check_unit_interval("lambda_", rest.get("lambda_", NotProvided))
         _check_unit_interval("gamma", rest.get("gamma", NotProvided))
+        # Validate everything before applying anything: a bad call changes nothing.
+        ExtensionSettings.from_flat({**self._extension_flat(), **ext}, where="training()")
         super().training(**rest)
-        if ext:
-            merged = {**self._extension_flat(), **ext}
-            ExtensionSettings.from_flat(merged, where="training()")
-            self.learner_config_dict.update(ext)
+        self.learner_config_dict.update(ext)
         return self
 
     def _extension_flat(self) -> dict[str, Any]:

@@ -98,7 +98,9 @@ class ExtensionSettings:
     gae: GAESettings = field(default_factory=GAESettings)
 
     @classmethod
-    def from_flat(cls, flat: Mapping[str, Any], *, where: str = "the settings") -> ExtensionSettings:
+    def from_flat(
+        cls, flat: Mapping[str, Any], *, where: str = "the settings"
+    ) -> ExtensionSettings:
         """Builds settings from flat keys (``{"gae": "vectorized", ...}``).
 
         Raises:
@@ -115,7 +117,9 @@ class ExtensionSettings:
         return cls(gae=parts[GAESettings])
 
     @classmethod
-    def from_learner_config_dict(cls, learner_config_dict: Mapping[str, Any] | None) -> ExtensionSettings:
+    def from_learner_config_dict(
+        cls, learner_config_dict: Mapping[str, Any] | None
+    ) -> ExtensionSettings:
         """Reads the extension keys out of an RLlib ``learner_config_dict``.
 
         Keys starting with ``_`` or ``user_`` are left to the user's own learner code;

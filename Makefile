@@ -1,0 +1,42 @@
+# rllib-ext: the two commands of the README are `make train` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed
+
+.PHONY: install train test test-fast test-slow lint bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -c constraints.txt -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## Main job: PPO on CartPole-v1 until the mean return reaches 450.
+train: $(STAMP)
+	$(VENV)/bin/rllib-ext train $(ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check rllib_ext tests examples benchmarks
+	$(VENV)/bin/ruff format --check rllib_ext tests examples benchmarks
+
+## What CI runs: lint, then every test except those that need StarCraft II.
+test: lint
+	$(VENV)/bin/pytest -m "not sc2" -q
+
+## Quick loop while developing: skips the end-to-end runs marked slow.
+test-fast: lint
+	$(VENV)/bin/pytest -q
+
+test-slow: $(STAMP)
+	$(VENV)/bin/pytest -m slow -q
+
+bench: $(STAMP)
+	$(PY) benchmarks/gae.py
+	$(PY) benchmarks/train_cartpole.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
