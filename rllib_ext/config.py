@@ -11,6 +11,7 @@ reason (Tune rebuilds a plain ``PPOConfig`` from the dict when given the ``"PPO"
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.algorithms.ppo import PPO as _RLlibPPO
 from ray.rllib.algorithms.ppo import PPOConfig as _RLlibPPOConfig
+from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 from ray.rllib.utils.annotations import override
 
 from rllib_ext.settings import ExtensionSettings, extension_keys, split_extension_kwargs
@@ -38,6 +40,7 @@ def _training_parameters() -> frozenset[str]:
 
 
 _RLLIB_TRAINING_KEYS = _training_parameters()
+_MODEL_CONFIG_KEYS = frozenset(f.name for f in dataclasses.fields(DefaultModelConfig))
 
 
 def _check_unit_interval(name: str, value: Any) -> None:
@@ -47,6 +50,21 @@ def _check_unit_interval(name: str, value: Any) -> None:
         raise ValueError(
             f"{name}={value!r} is out of range; allowed: a number in [0, 1]. "
             f"Fix: pass e.g. .training({name}={0.95 if name == 'lambda_' else 0.99})."
+        )
+
+
+def _check_model_dict(model: Any) -> None:
+    if not isinstance(model, dict):
+        raise ValueError(
+            f"model={model!r} must be a dict of DefaultModelConfig fields, e.g. "
+            '{"fcnet_hiddens": [256, 256]}. Fix: pass a dict or use .rl_module(model_config=...).'
+        )
+    unknown = sorted(set(model) - _MODEL_CONFIG_KEYS)
+    if unknown:
+        raise ValueError(
+            f"model keys {unknown} are not RLModule model_config fields on RLlib's new API stack "
+            f"(allowed: {', '.join(sorted(_MODEL_CONFIG_KEYS))}). Fix: drop them or move custom "
+            "models to .rl_module(rl_module_spec=...)."
         )
 
 
@@ -82,11 +100,22 @@ class PPOConfig(_RLlibPPOConfig):
                 )
         _check_unit_interval("lambda_", rest.get("lambda_", NotProvided))
         _check_unit_interval("gamma", rest.get("gamma", NotProvided))
+        model = rest.get("model", NotProvided)
+        if model is not NotProvided and model is not None:
+            _check_model_dict(model)
         # Validate everything before applying anything: a bad call changes nothing.
         ExtensionSettings.from_flat({**self._extension_flat(), **ext}, where="training()")
         super().training(**rest)
+        if model is not NotProvided and model:
+            # On the new API stack `training(model=...)` is silently ignored by RLlib; the
+            # tutorial's `model={"fcnet_hiddens": ...}` means the RLModule's model_config.
+            self.rl_module(model_config={**self._model_config_dict(), **model})
         self.learner_config_dict.update(ext)
         return self
+
+    def _model_config_dict(self) -> dict[str, Any]:
+        mc = self._model_config
+        return dict(mc) if isinstance(mc, dict) else dataclasses.asdict(mc)
 
     def _extension_flat(self) -> dict[str, Any]:
         keys = set(extension_keys())

@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 __all__ = [
+    "AMP_MODES",
+    "AMPSettings",
     "GAE_IMPLS",
     "STANDARDIZE_MODES",
     "ExtensionSettings",
@@ -30,6 +32,7 @@ __all__ = [
 
 GAE_IMPLS: tuple[str, ...] = ("rllib", "vectorized")
 STANDARDIZE_MODES: tuple[str, ...] = ("all", "masked", "none")
+AMP_MODES: tuple[Any, ...] = (False, "fp16", "bf16", "auto")
 
 
 def _check_choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -66,13 +69,85 @@ class GAESettings:
             )
 
 
-_COMPONENTS: tuple[type, ...] = (GAESettings,)
+def _check_number(key: str, value: Any, ok: bool, allowed: str, example: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok:
+        raise ValueError(
+            f"{key}={value!r} is out of range; allowed: {allowed}. "
+            f"Fix: pass e.g. .training({key}={example!r})."
+        )
+
+
+@dataclass(frozen=True)
+class AMPSettings:
+    """Automatic mixed precision for the PPO learner update (forward and loss under autocast)."""
+
+    amp: Literal[False, "fp16", "bf16", "auto"] = False
+    """``False``: fp32 (RLlib's behaviour). ``"fp16"``: float16 autocast with dynamic loss
+    scaling (``torch.amp.GradScaler``). ``"bf16"``: bfloat16 autocast, no scaling needed.
+    ``"auto"``: fp16 on CUDA, bf16 on CPUs with native bf16 (AVX512-BF16/AMX), else off; the
+    choice is logged. ``True`` is read as ``"auto"``."""
+
+    amp_init_scale: float = 1024.0
+    """fp16 only: initial loss scale (the tutorial's ``fp16_loss_scaling``)."""
+
+    amp_growth_factor: float = 2.0
+    """fp16 only: the scale is multiplied by this after ``amp_growth_interval`` clean steps."""
+
+    amp_backoff_factor: float = 0.5
+    """fp16 only: the scale is multiplied by this after a step with inf/nan gradients."""
+
+    amp_growth_interval: int = 200
+    """fp16 only: consecutive finite-gradient steps before the scale grows."""
+
+    amp_inference: bool = False
+    """Run the env runners' action computation under the same autocast dtype (off: fp32)."""
+
+    def __post_init__(self) -> None:
+        if self.amp is True:
+            object.__setattr__(self, "amp", "auto")
+        if self.amp is None:
+            object.__setattr__(self, "amp", False)
+        _check_choice("amp", self.amp, AMP_MODES)
+        _check_number(
+            "amp_init_scale", self.amp_init_scale, self.amp_init_scale > 0, "a number > 0", 1024.0
+        )
+        _check_number(
+            "amp_growth_factor",
+            self.amp_growth_factor,
+            self.amp_growth_factor > 1,
+            "a number > 1",
+            2.0,
+        )
+        _check_number(
+            "amp_backoff_factor",
+            self.amp_backoff_factor,
+            0 < self.amp_backoff_factor < 1,
+            "a number in (0, 1)",
+            0.5,
+        )
+        _check_number(
+            "amp_growth_interval",
+            self.amp_growth_interval,
+            isinstance(self.amp_growth_interval, int) and self.amp_growth_interval >= 1,
+            "an integer >= 1",
+            200,
+        )
+        if not isinstance(self.amp_inference, bool):
+            raise ValueError(
+                f"amp_inference={self.amp_inference!r}; allowed: True, False. "
+                "Fix: .training(amp_inference=True)."
+            )
+
+
+_COMPONENTS: tuple[type, ...] = (GAESettings, AMPSettings)
 
 # Old (2023 tutorial / pre-2.10 RLlib) spellings accepted by `rllib_ext.PPOConfig.training()`.
-# Each maps to exactly one current setting.
-TRAINING_ALIASES: dict[str, str] = {
-    "num_sgd_iter": "num_epochs",
-    "sgd_minibatch_size": "minibatch_size",
+# Each maps to exactly one current setting (the function converts the value).
+TRAINING_ALIASES: dict[str, tuple[str, Any]] = {
+    "num_sgd_iter": ("num_epochs", lambda v: v),
+    "sgd_minibatch_size": ("minibatch_size", lambda v: v),
+    "fp16": ("amp", lambda v: "fp16" if v else False),
+    "fp16_loss_scaling": ("amp_init_scale", lambda v: v),
 }
 
 
@@ -96,6 +171,7 @@ class ExtensionSettings:
     """All component settings of one learner."""
 
     gae: GAESettings = field(default_factory=GAESettings)
+    amp: AMPSettings = field(default_factory=AMPSettings)
 
     @classmethod
     def from_flat(
@@ -114,7 +190,7 @@ class ExtensionSettings:
         for comp in _COMPONENTS:
             names = {f.name for f in fields(comp)}
             parts[comp] = comp(**{k: v for k, v in flat.items() if k in names})
-        return cls(gae=parts[GAESettings])
+        return cls(gae=parts[GAESettings], amp=parts[AMPSettings])
 
     @classmethod
     def from_learner_config_dict(
@@ -135,7 +211,7 @@ class ExtensionSettings:
     def to_flat(self) -> dict[str, Any]:
         """The flat ``learner_config_dict`` form (inverse of :meth:`from_flat`)."""
         out: dict[str, Any] = {}
-        for comp in (self.gae,):
+        for comp in (self.gae, self.amp):
             out.update(asdict(comp))
         return out
 
@@ -146,16 +222,13 @@ def split_extension_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict
     ext: dict[str, Any] = {}
     rest: dict[str, Any] = {}
     for key, value in kwargs.items():
-        if key in known:
-            ext[key] = value
-        elif key in TRAINING_ALIASES:
-            new = TRAINING_ALIASES[key]
+        if key in TRAINING_ALIASES:
+            new, convert = TRAINING_ALIASES[key]
             if new in kwargs:
                 raise ValueError(
                     f"Both {key!r} and {new!r} were given; {key!r} is the old name of {new!r}. "
                     f"Fix: pass only {new}=..."
                 )
-            rest[new] = value
-        else:
-            rest[key] = value
+            key, value = new, convert(value)
+        (ext if key in known else rest)[key] = value
     return ext, rest

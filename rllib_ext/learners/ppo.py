@@ -1,19 +1,36 @@
-"""``PPOExtTorchLearner``: RLlib's PPO torch learner with the rllib_ext components."""
+"""``PPOExtTorchLearner``: RLlib's PPO torch learner with the rllib_ext components.
+
+Components, each switched on by its settings (``rllib_ext.settings``):
+
+* vectorized GAE: swaps RLlib's ``GeneralAdvantageEstimation`` for ``VectorizedGAE``;
+* AMP: autocast around forward + loss only (backward outside), fp16 loss scaling with one
+  ``torch.amp.GradScaler`` per module, gradients unscaled before ``grad_clip``, steps with
+  inf/nan gradients skipped (see ``rllib_ext.learners.amp``).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from typing import Any
 
+import torch
 from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
 from ray.rllib.connectors.learner import GeneralAdvantageEstimation
+from ray.rllib.core.learner.learner import Learner
+from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
+from ray.rllib.utils.typing import ModuleID, ParamDict, StateDict, TensorType
 
 from rllib_ext.connectors.gae import VectorizedGAE
+from rllib_ext.learners.amp import AMPState, resolve_amp_dtype
 from rllib_ext.settings import ExtensionSettings
 
 __all__ = ["PPOExtTorchLearner"]
 
 logger = logging.getLogger(__name__)
+
+AMP_STATE_KEY = "rllib_ext_amp"
 
 
 class PPOExtTorchLearner(PPOTorchLearner):
@@ -21,9 +38,11 @@ class PPOExtTorchLearner(PPOTorchLearner):
 
     Works with ``rllib_ext.PPOConfig`` and with the stock config
     (``.learners(learner_class=PPOExtTorchLearner, learner_config_dict={...})``).
+    Results carry ``learners/<module>/gae/...`` and ``learners/<module>/amp/...``.
     """
 
     ext_settings: ExtensionSettings
+    amp: AMPState
 
     @override(PPOTorchLearner)
     def build(self) -> None:
@@ -31,7 +50,26 @@ class PPOExtTorchLearner(PPOTorchLearner):
         self.ext_settings = ExtensionSettings.from_learner_config_dict(
             self.config.learner_config_dict
         )
+        amp_settings = self.ext_settings.amp
+        if amp_settings.amp is not False and self.config.torch_compile_learner:
+            raise ValueError(
+                f"amp={amp_settings.amp!r} together with torch_compile_learner=True is not "
+                "supported (the compiled update bypasses the autocast/loss-scaling step). "
+                "Fix: .framework(torch_compile_learner=False) or amp=False."
+            )
+        if amp_settings.amp is not False and self.config._torch_grad_scaler_class is not None:
+            raise ValueError(
+                "amp is set together with .experimental(_torch_grad_scaler_class=...): two loss "
+                "scalers would fight. Fix: remove _torch_grad_scaler_class; amp='fp16' brings "
+                "its own GradScaler."
+            )
         super().build()
+        self.amp = AMPState(
+            settings=amp_settings,
+            device=self._device,
+            dtype=resolve_amp_dtype(amp_settings.amp, self._device),
+        )
+        self._modules_in_step: tuple[ModuleID, ...] = ()
         self._install_gae()
 
     def _install_gae(self) -> None:
@@ -52,3 +90,106 @@ class PPOExtTorchLearner(PPOTorchLearner):
             ),
         )
         self._learner_connector.remove(GeneralAdvantageEstimation)
+
+    # -- update step ------------------------------------------------------------------------
+
+    @override(TorchLearner)
+    def _uncompiled_update(self, batch: dict, **kwargs: Any) -> tuple[Any, Any, dict]:
+        """TorchLearner's update step with autocast around forward and loss only."""
+        if not self.amp.enabled:
+            return super()._uncompiled_update(batch, **kwargs)
+        self._compute_off_policyness(batch)
+        with self.amp.autocast():
+            fwd_out = self.module.forward_train(batch)
+            loss_per_module = self.compute_losses(fwd_out=fwd_out, batch=batch)
+        # Backward outside autocast (PyTorch AMP guidance): ops run in the dtypes autocast
+        # chose for the forward.
+        gradients = self.compute_gradients(loss_per_module)
+        with contextlib.ExitStack() as stack:
+            if self.config.num_learners > 1:
+                for mod in self.module.values():
+                    if isinstance(mod, torch.nn.Module):
+                        stack.enter_context(mod.no_sync())
+            self.apply_gradients(self.postprocess_gradients(gradients))
+        return fwd_out, loss_per_module, {}
+
+    @override(TorchLearner)
+    def compute_gradients(
+        self, loss_per_module: dict[ModuleID, TensorType], **kwargs: Any
+    ) -> ParamDict:
+        if not self.amp.scaling:
+            return super().compute_gradients(loss_per_module, **kwargs)
+        for optim in self._optimizer_parameters:
+            optim.zero_grad(set_to_none=True)
+        self._modules_in_step = tuple(loss_per_module)
+        total_loss = sum(self.amp.scaler(mid).scale(loss) for mid, loss in loss_per_module.items())
+        if isinstance(total_loss, int) or total_loss.grad_fn is None:
+            self._modules_in_step = ()
+            return {}
+        total_loss.backward()
+        return {pid: p.grad for pid, p in self._params.items()}
+
+    @override(Learner)
+    def postprocess_gradients(self, gradients_dict: ParamDict) -> ParamDict:
+        if self.amp.scaling:
+            # Unscale in place before clipping, so `grad_clip` means what it means in fp32.
+            # GradScaler records inf/nan per optimizer here and `step` will not unscale again.
+            for mid in self._modules_in_step:
+                scaler = self.amp.scaler(mid)
+                for _, optim in self.get_optimizers_for_module(mid):
+                    scaler.unscale_(optim)
+        return super().postprocess_gradients(gradients_dict)
+
+    @override(TorchLearner)
+    def apply_gradients(self, gradients_dict: ParamDict) -> None:
+        if not self.amp.scaling:
+            super().apply_gradients(gradients_dict)
+            if self.amp.enabled:
+                for mid in self._module_optimizers:
+                    self._log_amp(mid)
+            return
+        for pid, grad in gradients_dict.items():
+            self._params[pid].grad = grad
+        for mid in self._modules_in_step:
+            scaler = self.amp.scaler(mid)
+            before = scaler.get_scale()
+            # No nan_to_num: GradScaler.step skips the optimizer step when unscale_ found
+            # inf/nan, so Adam's moments never see a non-finite gradient.
+            for _, optim in self.get_optimizers_for_module(mid):
+                scaler.step(optim)
+            scaler.update()
+            # The scale only shrinks after a step with inf/nan gradients.
+            if scaler.get_scale() < before:
+                self.amp.skipped_steps[mid] = self.amp.skipped_steps.get(mid, 0) + 1
+                self.metrics.log_value((mid, "amp/skipped_steps"), 1, reduce="sum")
+            self._log_amp(mid)
+
+    def _log_amp(self, mid: ModuleID) -> None:
+        if self._learner_index == 0:
+            # A string "item" cannot be merged across learners: rank 0 reports it (all ranks
+            # run the same dtype).
+            self.metrics.log_value((mid, "amp/dtype"), self.amp.dtype_name, reduce="item")
+        if self.amp.scaling:
+            scaler = self.amp.scaler(mid)
+            self.metrics.log_value((mid, "amp/loss_scale"), scaler.get_scale(), window=1)
+            self.metrics.log_value(
+                (mid, "amp/skipped_steps_lifetime"), self.amp.skipped_steps.get(mid, 0), window=1
+            )
+            self.metrics.log_value((mid, "amp/skipped_steps"), 0, reduce="sum")
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    @override(Learner)
+    def get_state(
+        self, components: Any = None, *, not_components: Any = None, **kw: Any
+    ) -> StateDict:
+        state = super().get_state(components, not_components=not_components, **kw)
+        if self._check_component(AMP_STATE_KEY, components, not_components):
+            state[AMP_STATE_KEY] = self.amp.get_state()
+        return state
+
+    @override(Learner)
+    def set_state(self, state: StateDict) -> None:
+        super().set_state(state)
+        if AMP_STATE_KEY in state:
+            self.amp.set_state(state[AMP_STATE_KEY])

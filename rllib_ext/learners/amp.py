@@ -1,0 +1,119 @@
+"""Mixed-precision pieces of ``PPOExtTorchLearner``: dtype choice and per-module loss scaling.
+
+Why not RLlib's ``_torch_grad_scaler_class`` (RLLIB_NOTES §2): RLlib replaces inf gradients by
+finite numbers (``nan_to_num``) before the scaler sees them, clips gradients while they are
+still scaled, builds CUDA-only scalers, updates a module's scaler once per optimizer, and does
+not checkpoint the scaler. Here each module owns one ``torch.amp.GradScaler`` on the learner's
+device; gradients are unscaled before clipping; a step with inf/nan gradients is skipped (the
+optimizer never sees it) and the scale backs off; ``update()`` runs once per module and step.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rllib_ext.settings import AMPSettings
+
+__all__ = ["AMPState", "cpu_has_native_bf16", "resolve_amp_dtype"]
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def cpu_has_native_bf16() -> bool:
+    """True when this CPU runs bf16 matmuls natively (AVX512-BF16 or AMX)."""
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    return bool(torch.cpu._is_avx512_bf16_supported() or amx())
+
+
+def resolve_amp_dtype(amp: Any, device: torch.device) -> torch.dtype | None:
+    """Autocast dtype for ``amp`` on ``device`` (``None``: fp32).
+
+    Raises:
+        ValueError: for a mode the device cannot run (bf16 on a CUDA GPU without bf16).
+    """
+    if amp is False:
+        return None
+    if amp == "auto":
+        if device.type == "cuda":
+            choice = "fp16"
+        elif cpu_has_native_bf16():
+            choice = "bf16"
+        else:
+            choice = None
+        logger.info("amp='auto' on %s -> %s", device, choice or "off (fp32)")
+        return _DTYPES[choice] if choice else None
+    if amp == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ValueError(
+            f"amp='bf16' but {torch.cuda.get_device_name(device)} has no bf16 support. "
+            "Fix: use amp='fp16' (or amp='auto')."
+        )
+    if amp == "bf16" and device.type == "cpu" and not cpu_has_native_bf16():
+        logger.warning(
+            "amp='bf16' on a CPU without AVX512-BF16/AMX: torch emulates bf16 and the update "
+            "is slower than fp32. Use amp='auto' to pick the fastest mode per device."
+        )
+    return _DTYPES[amp]
+
+
+@dataclass
+class AMPState:
+    """Per-learner AMP state: dtype, one GradScaler per module (fp16), skip counters."""
+
+    settings: AMPSettings
+    device: torch.device
+    dtype: torch.dtype | None
+    scalers: dict[str, torch.amp.GradScaler] = field(default_factory=dict)
+    skipped_steps: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def enabled(self) -> bool:
+        return self.dtype is not None
+
+    @property
+    def scaling(self) -> bool:
+        return self.dtype == torch.float16
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype or torch.float32).removeprefix("torch.")
+
+    def autocast(self) -> torch.autocast:
+        return torch.autocast(
+            device_type=self.device.type,
+            dtype=self.dtype or torch.float32,
+            enabled=self.enabled,
+        )
+
+    def scaler(self, module_id: str) -> torch.amp.GradScaler:
+        scaler = self.scalers.get(module_id)
+        if scaler is None:
+            s = self.settings
+            scaler = torch.amp.GradScaler(
+                self.device.type,
+                init_scale=s.amp_init_scale,
+                growth_factor=s.amp_growth_factor,
+                backoff_factor=s.amp_backoff_factor,
+                growth_interval=s.amp_growth_interval,
+            )
+            self.scalers[module_id] = scaler
+            self.skipped_steps.setdefault(module_id, 0)
+        return scaler
+
+    def get_state(self) -> dict[str, Any]:
+        return {
+            "dtype": self.dtype_name,
+            "scalers": {mid: sc.state_dict() for mid, sc in self.scalers.items()},
+            "skipped_steps": dict(self.skipped_steps),
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        for mid, scaler_state in state.get("scalers", {}).items():
+            if scaler_state:
+                self.scaler(mid).load_state_dict(scaler_state)
+        self.skipped_steps.update(state.get("skipped_steps", {}))
