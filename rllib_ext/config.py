@@ -134,12 +134,27 @@ class PPOConfig(_RLlibPPOConfig):
 
     @override(_RLlibPPOConfig)
     def validate(self) -> None:
+        if self.extension_settings.amp.amp_inference:
+            self._use_amp_env_runners()
         super().validate()
         _check_unit_interval("lambda_", self.lambda_)
         _check_unit_interval("gamma", self.gamma)
         # Raises a ValueError naming key/allowed values for bad dict-route input
         # (`update_from_dict`, Tune param spaces, YAML files).
         ExtensionSettings.from_learner_config_dict(self.learner_config_dict)
+
+    def _use_amp_env_runners(self) -> None:
+        from rllib_ext.env_runners import AMPMultiAgentEnvRunner, AMPSingleAgentEnvRunner
+
+        wanted = AMPMultiAgentEnvRunner if self.is_multi_agent else AMPSingleAgentEnvRunner
+        if self.env_runner_cls is None:
+            self.env_runner_cls = wanted
+        elif not issubclass(self.env_runner_cls, wanted):
+            raise ValueError(
+                f"amp_inference=True needs env_runner_cls={wanted.__name__} (or a subclass), "
+                f"got {self.env_runner_cls.__name__}. Fix: derive your env runner from "
+                f"rllib_ext.env_runners.{wanted.__name__} or set amp_inference=False."
+            )
 
 
 class PPO(_RLlibPPO):

@@ -137,6 +137,11 @@ class AMPSettings:
                 f"amp_inference={self.amp_inference!r}; allowed: True, False. "
                 "Fix: .training(amp_inference=True)."
             )
+        if self.amp_inference and self.amp is False:
+            raise ValueError(
+                "amp_inference=True needs a precision to run inference in, but amp=False. "
+                "Fix: also set amp='bf16', 'fp16' or 'auto'."
+            )
 
 
 _COMPONENTS: tuple[type, ...] = (GAESettings, AMPSettings)

@@ -275,3 +275,28 @@ def test_two_learners_take_the_same_overflow_decision() -> None:
         assert w0 == w1
     finally:
         algo.stop()
+
+
+def test_amp_inference_runs_env_runner_forward_in_bf16_and_keeps_fp32_logp() -> None:
+    from rllib_ext.env_runners import AMPSingleAgentEnvRunner
+
+    algo = _config(amp="bf16", amp_inference=True).build_algo()
+    try:
+        runner = algo.env_runner
+        assert isinstance(runner, AMPSingleAgentEnvRunner)
+        assert runner._amp_inference_dtype == torch.bfloat16
+        seen = []
+        linear = next(m for m in runner.module.modules() if isinstance(m, torch.nn.Linear))
+        linear.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+        episodes = runner.sample(num_timesteps=32)
+        assert seen and all(dt == torch.bfloat16 for dt in seen)
+        logp = np.concatenate([e.get_extra_model_outputs("action_logp") for e in episodes])
+        assert logp.dtype == np.float32
+        assert algo.train()["learners"][MID]["amp/dtype"] == "bfloat16"
+    finally:
+        algo.stop()
+
+
+def test_amp_inference_without_amp_is_an_error() -> None:
+    with pytest.raises(ValueError, match="amp_inference=True needs"):
+        rllib_ext.PPOConfig().training(amp_inference=True)
