@@ -22,7 +22,12 @@ from ray.rllib.algorithms.ppo import PPOConfig as _RLlibPPOConfig
 from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 from ray.rllib.utils.annotations import override
 
-from rllib_ext.settings import ExtensionSettings, extension_keys, split_extension_kwargs
+from rllib_ext.settings import (
+    ExtensionSettings,
+    check_comm_resources,
+    extension_keys,
+    split_extension_kwargs,
+)
 
 __all__ = ["PPO", "PPOConfig"]
 
@@ -53,12 +58,21 @@ def _check_unit_interval(name: str, value: Any) -> None:
         )
 
 
-def _check_model_dict(model: Any) -> None:
+def _model_overrides(model: Any) -> dict[str, Any]:
+    """The entries of an old-stack ``model`` dict that the new stack's model_config must get.
+
+    Entries equal to the old stack's ``MODEL_DEFAULTS`` are dropped (``to_dict()``/``from_dict``
+    round trips carry the whole old default dict); other entries must be ``DefaultModelConfig``
+    fields, otherwise RLlib would ignore them silently.
+    """
+    from ray.rllib.models.catalog import MODEL_DEFAULTS
+
     if not isinstance(model, dict):
         raise ValueError(
             f"model={model!r} must be a dict of DefaultModelConfig fields, e.g. "
             '{"fcnet_hiddens": [256, 256]}. Fix: pass a dict or use .rl_module(model_config=...).'
         )
+    model = {k: v for k, v in model.items() if not (k in MODEL_DEFAULTS and MODEL_DEFAULTS[k] == v)}
     unknown = sorted(set(model) - _MODEL_CONFIG_KEYS)
     if unknown:
         raise ValueError(
@@ -66,6 +80,7 @@ def _check_model_dict(model: Any) -> None:
             f"(allowed: {', '.join(sorted(_MODEL_CONFIG_KEYS))}). Fix: drop them or move custom "
             "models to .rl_module(rl_module_spec=...)."
         )
+    return model
 
 
 class PPOConfig(_RLlibPPOConfig):
@@ -102,7 +117,7 @@ class PPOConfig(_RLlibPPOConfig):
         _check_unit_interval("gamma", rest.get("gamma", NotProvided))
         model = rest.get("model", NotProvided)
         if model is not NotProvided and model is not None:
-            _check_model_dict(model)
+            model = _model_overrides(model)
         # Validate everything before applying anything: a bad call changes nothing.
         ExtensionSettings.from_flat({**self._extension_flat(), **ext}, where="training()")
         super().training(**rest)
@@ -141,7 +156,13 @@ class PPOConfig(_RLlibPPOConfig):
         _check_unit_interval("gamma", self.gamma)
         # Raises a ValueError naming key/allowed values for bad dict-route input
         # (`update_from_dict`, Tune param spaces, YAML files).
-        ExtensionSettings.from_learner_config_dict(self.learner_config_dict)
+        settings = ExtensionSettings.from_learner_config_dict(self.learner_config_dict)
+        for message in check_comm_resources(
+            settings.comm,
+            num_learners=self.num_learners,
+            num_gpus_per_learner=self.num_gpus_per_learner,
+        ):
+            logger.warning(message)
 
     def _use_amp_env_runners(self) -> None:
         from rllib_ext.env_runners import AMPMultiAgentEnvRunner, AMPSingleAgentEnvRunner

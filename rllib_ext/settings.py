@@ -22,10 +22,14 @@ from typing import Any, Literal
 __all__ = [
     "AMP_MODES",
     "AMPSettings",
+    "COMM_BACKENDS",
+    "COMPRESSORS",
+    "CompressionSettings",
     "GAE_IMPLS",
     "STANDARDIZE_MODES",
     "ExtensionSettings",
     "GAESettings",
+    "check_comm_resources",
     "extension_keys",
     "split_extension_kwargs",
 ]
@@ -33,6 +37,8 @@ __all__ = [
 GAE_IMPLS: tuple[str, ...] = ("rllib", "vectorized")
 STANDARDIZE_MODES: tuple[str, ...] = ("all", "masked", "none")
 AMP_MODES: tuple[Any, ...] = (False, "fp16", "bf16", "auto")
+COMPRESSORS: tuple[Any, ...] = (None, "fp16", "bf16", "powersgd", "onebit")
+COMM_BACKENDS: tuple[str, ...] = ("auto", "nccl", "gloo")
 
 
 def _check_choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -144,7 +150,116 @@ class AMPSettings:
             )
 
 
-_COMPONENTS: tuple[type, ...] = (GAESettings, AMPSettings)
+@dataclass(frozen=True)
+class CompressionSettings:
+    """Gradient compression between learners (DDP communication hooks; ``num_learners >= 2``)."""
+
+    grad_compression: Literal[None, "fp16", "bf16", "powersgd", "onebit"] = None
+    """``None``: DDP's plain fp32 all-reduce (RLlib's behaviour). ``"fp16"``/``"bf16"``: cast
+    on the wire (bf16 works on gloo too). ``"powersgd"``: low-rank (``powersgd_rank``) with error
+    feedback. ``"onebit"``: sign bits + one scale per bucket over all-gather, error feedback."""
+
+    powersgd_rank: int = 4
+    """PowerSGD: rank of the gradient approximation (1-4 typical; higher = closer, more bytes)."""
+
+    powersgd_start_iter: int = 10
+    """PowerSGD: plain all-reduce for this many steps first (must be > 1 with error feedback)."""
+
+    compression_error_feedback: bool = True
+    """PowerSGD/1-bit: carry the compression error into the next step (per rank)."""
+
+    comm_backend: Literal["auto", "nccl", "gloo"] = "auto"
+    """Process-group backend the learners communicate over; ``"auto"``: NCCL on GPU learners,
+    gloo on CPU learners (Ray Train's choice). Checked against the learners' resources."""
+
+    def __post_init__(self) -> None:
+        if self.grad_compression is False:
+            object.__setattr__(self, "grad_compression", None)
+        _check_choice("grad_compression", self.grad_compression, COMPRESSORS)
+        _check_choice("comm_backend", self.comm_backend, COMM_BACKENDS)
+        _check_number(
+            "powersgd_rank",
+            self.powersgd_rank,
+            isinstance(self.powersgd_rank, int) and self.powersgd_rank >= 1,
+            "an integer >= 1",
+            4,
+        )
+        _check_number(
+            "powersgd_start_iter",
+            self.powersgd_start_iter,
+            isinstance(self.powersgd_start_iter, int)
+            and self.powersgd_start_iter >= (2 if self.compression_error_feedback else 1),
+            "an integer >= 2 with error feedback (DDP rebuilds its buckets after step 1), else >= 1",
+            10,
+        )
+        if not isinstance(self.compression_error_feedback, bool):
+            raise ValueError(
+                f"compression_error_feedback={self.compression_error_feedback!r}; allowed: "
+                "True, False. Fix: .training(compression_error_feedback=True)."
+            )
+
+
+def check_comm_resources(
+    comm: CompressionSettings, *, num_learners: int, num_gpus_per_learner: float
+) -> list[str]:
+    """Checks the compression settings against the learners' resources.
+
+    Returns:
+        Warnings (settings that are valid but have no effect).
+
+    Raises:
+        ValueError: for a backend the learners cannot use.
+    """
+    on_gpu = num_gpus_per_learner > 0
+    if comm.comm_backend == "nccl" and not on_gpu:
+        raise ValueError(
+            "comm_backend='nccl' but the learners have no GPU (num_gpus_per_learner=0); NCCL "
+            "only runs between GPUs. Fix: comm_backend='auto' (gloo on CPUs) or "
+            ".learners(num_gpus_per_learner=1)."
+        )
+    if comm.comm_backend == "gloo" and on_gpu:
+        raise ValueError(
+            "comm_backend='gloo' with GPU learners is not supported: RLlib's learner group "
+            "(Ray Train) creates an NCCL process group whenever learners have GPUs. "
+            "Fix: comm_backend='auto' or 'nccl'."
+        )
+    warnings = []
+    if comm.grad_compression is not None and num_learners < 2:
+        warnings.append(
+            f"grad_compression={comm.grad_compression!r} has no effect with num_learners="
+            f"{num_learners}: gradients are only exchanged between 2 or more learners. "
+            "Set .learners(num_learners=2) or more to use it."
+        )
+    return warnings
+
+
+def _communication_alias(block: Any) -> dict[str, Any]:
+    """The tutorial's ``communication={"type": ..., "compression": ..., "grad_clip": ...}``."""
+    if not isinstance(block, Mapping):
+        raise ValueError(
+            f"communication={block!r} must be a dict like "
+            '{"type": "NCCL", "compression": True, "grad_clip": 0.5}.'
+        )
+    allowed = {"type", "compression", "grad_clip"}
+    unknown = sorted(set(block) - allowed)
+    if unknown:
+        raise ValueError(
+            f"communication keys {unknown} are not supported; allowed: {sorted(allowed)}. "
+            "Fix: use grad_compression=..., comm_backend=..., grad_clip=... directly."
+        )
+    out: dict[str, Any] = {}
+    if "type" in block:
+        out["comm_backend"] = str(block["type"]).lower()
+    if "compression" in block:
+        comp = block["compression"]
+        # `compression: True` in the tutorial meant fp16 on the wire.
+        out["grad_compression"] = "fp16" if comp is True else (None if comp is False else comp)
+    if "grad_clip" in block:
+        out["grad_clip"] = block["grad_clip"]
+    return out
+
+
+_COMPONENTS: tuple[type, ...] = (GAESettings, AMPSettings, CompressionSettings)
 
 # Old (2023 tutorial / pre-2.10 RLlib) spellings accepted by `rllib_ext.PPOConfig.training()`.
 # Each maps to exactly one current setting (the function converts the value).
@@ -177,6 +292,7 @@ class ExtensionSettings:
 
     gae: GAESettings = field(default_factory=GAESettings)
     amp: AMPSettings = field(default_factory=AMPSettings)
+    comm: CompressionSettings = field(default_factory=CompressionSettings)
 
     @classmethod
     def from_flat(
@@ -195,7 +311,7 @@ class ExtensionSettings:
         for comp in _COMPONENTS:
             names = {f.name for f in fields(comp)}
             parts[comp] = comp(**{k: v for k, v in flat.items() if k in names})
-        return cls(gae=parts[GAESettings], amp=parts[AMPSettings])
+        return cls(gae=parts[GAESettings], amp=parts[AMPSettings], comm=parts[CompressionSettings])
 
     @classmethod
     def from_learner_config_dict(
@@ -216,7 +332,7 @@ class ExtensionSettings:
     def to_flat(self) -> dict[str, Any]:
         """The flat ``learner_config_dict`` form (inverse of :meth:`from_flat`)."""
         out: dict[str, Any] = {}
-        for comp in (self.gae, self.amp):
+        for comp in (self.gae, self.amp, self.comm):
             out.update(asdict(comp))
         return out
 
@@ -227,6 +343,15 @@ def split_extension_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict
     ext: dict[str, Any] = {}
     rest: dict[str, Any] = {}
     for key, value in kwargs.items():
+        if key == "communication":
+            for new, converted in _communication_alias(value).items():
+                if new in kwargs:
+                    raise ValueError(
+                        f"communication sets {new!r}, which was also given directly. "
+                        f"Fix: pass {new}=... only once."
+                    )
+                (ext if new in known else rest)[new] = converted
+            continue
         if key in TRAINING_ALIASES:
             new, convert = TRAINING_ALIASES[key]
             if new in kwargs:

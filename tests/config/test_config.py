@@ -99,4 +99,41 @@ def test_stock_config_from_our_dict_keeps_learner_class() -> None:
 
 
 def test_extension_keys_are_documented_on_settings() -> None:
-    assert set(extension_keys()) == {"gae", "standardize_advantages"}
+    assert {"gae", "standardize_advantages", "amp", "grad_compression"} <= set(extension_keys())
+
+
+def test_tutorial_communication_block_maps_to_settings() -> None:
+    cfg = rllib_ext.PPOConfig().training(
+        communication={"type": "GLOO", "compression": True, "grad_clip": 0.5}
+    )
+    assert cfg.learner_config_dict["comm_backend"] == "gloo"
+    assert cfg.learner_config_dict["grad_compression"] == "fp16"
+    assert cfg.grad_clip == 0.5
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "pattern"),
+    [
+        ({"grad_compression": "zip"}, r"grad_compression='zip'.*'powersgd', 'onebit'"),
+        ({"powersgd_rank": 0}, r"powersgd_rank=0.*>= 1"),
+        ({"comm_backend": "mpi"}, r"comm_backend='mpi'.*'auto', 'nccl', 'gloo'"),
+        ({"communication": {"type": "NCCL", "fast": 1}}, r"communication keys \['fast'\]"),
+    ],
+)
+def test_bad_compression_input(kwargs: dict, pattern: str) -> None:
+    with pytest.raises(ValueError, match=pattern):
+        rllib_ext.PPOConfig().training(**kwargs)
+
+
+def test_nccl_without_gpus_is_an_error_at_validate() -> None:
+    cfg = rllib_ext.PPOConfig().environment("CartPole-v1").training(comm_backend="nccl")
+    cfg.learners(num_learners=2, num_gpus_per_learner=0)
+    with pytest.raises(ValueError, match=r"comm_backend='nccl'.*no GPU"):
+        cfg.validate()
+
+
+def test_compression_with_one_learner_warns(caplog) -> None:
+    cfg = rllib_ext.PPOConfig().environment("CartPole-v1").training(grad_compression="fp16")
+    with caplog.at_level("WARNING", logger="rllib_ext.config"):
+        cfg.validate()
+    assert "has no effect with num_learners=0" in caplog.text
