@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install train test test-fast test-slow lint bench clean
+.PHONY: install train test test-fast test-slow test-learning lint bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -23,9 +23,9 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check rllib_ext tests examples benchmarks
 	$(VENV)/bin/ruff format --check rllib_ext tests examples benchmarks
 
-## What CI runs: lint, then every test except those that need StarCraft II.
+## What CI runs: lint, then every test except StarCraft II and the long learning comparisons.
 test: lint
-	$(VENV)/bin/pytest -m "not sc2" -q
+	$(VENV)/bin/pytest -m "not sc2 and not learning" -q
 
 ## Quick loop while developing: skips the end-to-end runs marked slow.
 test-fast: lint
@@ -33,6 +33,9 @@ test-fast: lint
 
 test-slow: $(STAMP)
 	$(VENV)/bin/pytest -m slow -q
+
+test-learning: $(STAMP)
+	$(VENV)/bin/pytest -m learning -q
 
 bench: $(STAMP)
 	$(PY) benchmarks/gae.py
