@@ -49,7 +49,7 @@ def steps_to_reward(
             "mode": mode,
             "reached": ret >= target,
             "return": ret,
-            "env_steps": steps,
+            "env_steps": int(steps),
             "wall_s": time.perf_counter() - start,
             "dtype": learner.get("amp/dtype", "float32"),
             "skipped_steps": learner.get("amp/skipped_steps_lifetime", 0),
@@ -65,14 +65,16 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=450.0)
     args = parser.parse_args()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    rows = [steps_to_reward(m, seed=args.seed, target=args.target) for m in args.modes.split(",")]
-    base = next((r for r in rows if r["mode"] == "fp32"), rows[0])
     print(f"# PPO CartPole-v1, MLP {HIDDEN}, seed {args.seed}, target {args.target}")
     print(f"{'mode':5} {'dtype':9} {'reached':7} {'env steps':>10} {'x fp32':>7} {'wall s':>7}")
-    for r in rows:
+    base = None
+    for mode in args.modes.split(","):
+        r = steps_to_reward(mode, seed=args.seed, target=args.target)
+        base = base or r
         print(
             f"{r['mode']:5} {r['dtype']:9} {r['reached']!s:7} {r['env_steps']:10d} "
-            f"{r['env_steps'] / base['env_steps']:7.2f} {r['wall_s']:7.0f}"
+            f"{r['env_steps'] / base['env_steps']:7.2f} {r['wall_s']:7.0f}",
+            flush=True,
         )
 
 
