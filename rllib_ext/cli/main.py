@@ -1,0 +1,193 @@
+"""The ``rllib-ext`` command: ``train``, ``evaluate`` and ``doctor``.
+
+Bad input never reaches Ray: it ends as one ``rllib-ext: error: ...`` line on stderr that names
+the value, the allowed values and the fix, with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from rllib_ext.cli.runconfig import ALL_OPTIONS, CLIError
+
+__all__ = ["main"]
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+logger = logging.getLogger("rllib_ext.cli")
+
+
+class _Parser(argparse.ArgumentParser):
+    """``argparse`` that raises instead of printing usage plus a message and exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise CLIError(f"{message}. Fix: see '{self.prog} --help'.")
+
+
+def _build_parser() -> _Parser:
+    from rllib_ext import __version__
+
+    parser = _Parser(prog="rllib-ext", description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser.add_argument("--version", action="version", version=f"rllib-ext {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="{train,evaluate,doctor}")
+
+    train = commands.add_parser(
+        "train",
+        help="train PPO (default: CartPole-v1 until the mean return reaches 450)",
+        description="Train PPO with rllib_ext.PPOConfig. Flags override --config YAML keys, "
+        "which override the settings saved with a --resume checkpoint.",
+        allow_abbrev=False,
+    )
+    train.add_argument(
+        "--config",
+        metavar="FILE.yaml",
+        help="YAML file with the flags' keys (e.g. 'num_env_runners: 1'); command-line flags win",
+    )
+    for option in ALL_OPTIONS:
+        train.add_argument(
+            option.flag,
+            dest=option.key,
+            metavar=option.metavar or option.key.upper(),
+            default=argparse.SUPPRESS,
+            help=f"{option.help} (default: {option.default!r})",
+        )
+    train.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="live progress bar (default: only when stderr is a terminal)",
+    )
+    train.set_defaults(handler=_cmd_train)
+
+    evaluate = commands.add_parser(
+        "evaluate", help="greedy episodes with a trained checkpoint", allow_abbrev=False
+    )
+    evaluate.add_argument(
+        "checkpoint",
+        metavar="CHECKPOINT",
+        help="checkpoint directory or rllib-ext train run directory",
+    )
+    evaluate.add_argument("--episodes", default="10", metavar="N", help="episodes (default: 10)")
+    evaluate.add_argument("--env", default=None, help="override the checkpoint's env")
+    evaluate.add_argument(
+        "--env-config",
+        default=None,
+        metavar="JSON",
+        help="override the checkpoint's env_config (JSON object)",
+    )
+    evaluate.add_argument("--seed", default=None, metavar="N", help="env seed")
+    evaluate.set_defaults(handler=_cmd_evaluate)
+
+    doctor = commands.add_parser(
+        "doctor", help="versions, CUDA/NCCL/bf16 support and optional backends"
+    )
+    doctor.set_defaults(handler=_cmd_doctor)
+    return parser
+
+
+def _option_values(args: argparse.Namespace) -> dict[str, str]:
+    return {o.key: getattr(args, o.key) for o in ALL_OPTIONS if hasattr(args, o.key)}
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from rllib_ext.cli.runconfig import resolve_settings
+    from rllib_ext.cli.train import summary_table, train
+
+    settings = resolve_settings(_option_values(args), config_file=args.config)
+    result = train(settings, progress=args.progress)
+    print(summary_table(result))
+    return EXIT_INTERRUPTED if result.interrupted else EXIT_OK
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from rllib_ext.cli.evaluate import evaluate
+    from rllib_ext.cli.runconfig import CORE_OPTIONS, Option
+
+    def convert(key: str, flag: str, value: str | None) -> object:
+        if value is None:
+            return None
+        option: Option = next(o for o in CORE_OPTIONS if o.key == key)
+        try:
+            return option.convert(value)
+        except ValueError as exc:
+            raise CLIError(f"{flag} {value!r} {exc}. Fix: e.g. {flag} {option.example}") from None
+
+    try:
+        episodes = int(args.episodes)
+    except ValueError:
+        raise CLIError(
+            f"--episodes {args.episodes!r} must be an integer >= 1. Fix: e.g. --episodes 10."
+        ) from None
+    result = evaluate(
+        args.checkpoint,
+        episodes=episodes,
+        env=convert("env", "--env", args.env),
+        env_config=convert("env_config", "--env-config", args.env_config),
+        seed=convert("seed", "--seed", args.seed),
+    )
+    returns = result.returns
+    print(f"checkpoint: {result.checkpoint}")
+    print(f"env: {result.env}  episodes: {len(returns)}  policy: greedy (deterministic)")
+    print(
+        f"mean return: {result.mean:.2f} +/- {result.std:.2f} "
+        f"(min {min(returns):.2f}, max {max(returns):.2f})"
+    )
+    return EXIT_OK
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from rllib_ext.cli.doctor import collect, render
+
+    print(render(collect()), end="")
+    return EXIT_OK
+
+
+def _configure_logging() -> None:
+    # Our own handler (no root logger changes: Ray configures its own loggers).
+    for handler in list(logger.handlers):
+        if getattr(handler, "_rllib_ext_cli", False):
+            logger.removeHandler(handler)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("[rllib-ext] %(message)s"))
+    handler._rllib_ext_cli = True  # type: ignore[attr-defined]
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+def _error(message: str) -> int:
+    one_line = " ".join(str(message).split())
+    print(f"rllib-ext: error: {one_line}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``rllib-ext`` console script; returns the exit status."""
+    parser = _build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except CLIError as exc:
+        return _error(str(exc))
+    except SystemExit as exc:  # --help / --version
+        return int(exc.code or 0)
+    if getattr(args, "handler", None) is None:
+        parser.print_help(sys.stderr)
+        return _error("choose a command: train, evaluate or doctor. Fix: e.g. 'rllib-ext train'.")
+    _configure_logging()
+    try:
+        return args.handler(args)
+    except CLIError as exc:
+        return _error(str(exc))
+    except KeyboardInterrupt:
+        print("rllib-ext: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

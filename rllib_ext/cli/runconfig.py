@@ -1,0 +1,226 @@
+"""Settings of ``rllib-ext train``: YAML merging, checkpoint lookup and validation over the
+option table of :mod:`rllib_ext.cli.options`.
+
+Precedence, lowest first: defaults < settings saved with the ``--resume`` checkpoint <
+``--config FILE.yaml`` < flags given on the command line.
+
+Everything here runs before ``ray.init``, so bad input fails with one line and no Ray traceback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rllib_ext.cli.options import (
+    ALL_OPTIONS,
+    CORE_OPTIONS,
+    DEFAULT_TRAINING,
+    EXTENSION_OPTIONS,
+    Option,
+)
+
+__all__ = [
+    "ALL_OPTIONS",
+    "CORE_OPTIONS",
+    "DEFAULT_TRAINING",
+    "EXTENSION_OPTIONS",
+    "CLIError",
+    "Option",
+    "TrainSettings",
+    "load_yaml",
+    "resolve_checkpoint",
+    "resolve_settings",
+]
+
+SETTINGS_FILE = "rllib_ext_settings.json"
+"""Written into every checkpoint directory; ``--resume`` starts from these settings."""
+
+
+class CLIError(Exception):
+    """Bad user input. ``main`` prints it as one ``rllib-ext: error: ...`` line."""
+
+
+_BY_KEY: dict[str, Option] = {opt.key: opt for opt in ALL_OPTIONS}
+
+
+@dataclass
+class TrainSettings:
+    """The resolved settings of one ``rllib-ext train`` run (see :data:`ALL_OPTIONS`)."""
+
+    env: str = "CartPole-v1"
+    env_config: dict[str, Any] = field(default_factory=dict)
+    stop_reward: float | None = 450.0
+    stop_timesteps: int | None = None
+    time_budget: float | None = None
+    num_env_runners: int = 0
+    num_envs_per_env_runner: int = 8
+    num_learners: int = 0
+    num_gpus_per_learner: float = 0.0
+    training: dict[str, Any] = field(default_factory=dict)
+    checkpoint_dir: str | None = None
+    checkpoint_freq: int = 10
+    resume: str | None = None
+    address: str | None = None
+    seed: int | None = None
+    run_dir: str | None = None
+    extensions: dict[str, Any] = field(default_factory=dict)
+    """rllib_ext flags (:data:`EXTENSION_OPTIONS`), passed to ``PPOConfig.training()``."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any]) -> TrainSettings:
+        """Builds settings from flat option keys (defaults fill the rest)."""
+        core = {o.key: values.get(o.key, _copy_default(o)) for o in CORE_OPTIONS}
+        ext = {o.key: values.get(o.key, o.default) for o in EXTENSION_OPTIONS}
+        return cls(**core, extensions=ext)
+
+
+def _copy_default(option: Option) -> Any:
+    return dict(option.default) if isinstance(option.default, dict) else option.default
+
+
+def _convert(option: Option, value: Any, where: str) -> Any:
+    try:
+        return option.convert(value)
+    except ValueError as exc:
+        raise CLIError(
+            f"{where} {value!r} {exc}. Fix: e.g. {option.flag} {option.example}"
+        ) from None
+
+
+def _unknown_key(key: str, source: str) -> CLIError:
+    keys = [o.key for o in ALL_OPTIONS]
+    close = difflib.get_close_matches(key, keys, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return CLIError(
+        f"unknown key {key!r} in {source}.{hint} Allowed keys: {', '.join(keys)}. "
+        "Fix: remove or rename the key."
+    )
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Reads a ``--config`` YAML file into converted option values.
+
+    Keys are the option keys (``num_env_runners: 1``); dashes are accepted too.
+
+    Raises:
+        CLIError: missing file, invalid YAML, not a mapping, unknown key or bad value.
+    """
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise CLIError(f"--config {str(path)!r}: no such file. Fix: pass an existing YAML file.")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CLIError(f"--config {str(path)!r} is not valid YAML ({first}).") from None
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise CLIError(
+            f"--config {str(path)!r} must hold a mapping (key: value lines), got "
+            f"{type(data).__name__}. Fix: write e.g. 'num_env_runners: 1'."
+        )
+    values: dict[str, Any] = {}
+    for raw_key, value in data.items():
+        key = str(raw_key).replace("-", "_")
+        if key not in _BY_KEY:
+            raise _unknown_key(str(raw_key), f"--config {str(path)!r}")
+        values[key] = _convert(_BY_KEY[key], value, f"{key}: in {path.name}:")
+    return values
+
+
+def resolve_checkpoint(path: str | Path, *, flag: str) -> Path:
+    """Finds the RLlib algorithm checkpoint that ``path`` names.
+
+    Accepts a checkpoint directory, a run directory (its ``summary.json`` checkpoint, else the
+    newest one under ``checkpoints/``) or a checkpoint directory's parent.
+
+    Raises:
+        CLIError: nothing usable at ``path``.
+    """
+    original = Path(path).expanduser()
+    fix = (
+        f"Fix: pass a checkpoint written by 'rllib-ext train' (RUN_DIR/checkpoints/iter_NNNNNN) "
+        f"or its run directory, e.g. {flag} rllib_ext_runs/<run>."
+    )
+    if not original.exists():
+        raise CLIError(f"{flag} {str(path)!r}: no such file or directory. {fix}")
+    if (original / "rllib_checkpoint.json").is_file():
+        return original
+    summary = original / "summary.json"
+    if summary.is_file():
+        try:
+            saved = json.loads(summary.read_text()).get("checkpoint")
+        except (json.JSONDecodeError, AttributeError):
+            saved = None
+        if saved and (Path(saved) / "rllib_checkpoint.json").is_file():
+            return Path(saved)
+    for parent in (original / "checkpoints", original):
+        candidates = sorted(p.parent for p in parent.glob("*/rllib_checkpoint.json"))
+        if candidates:
+            return candidates[-1]
+    raise CLIError(
+        f"{flag} {str(path)!r} is not an RLlib checkpoint (no rllib_checkpoint.json). {fix}"
+    )
+
+
+def _checkpoint_values(checkpoint: Path) -> dict[str, Any]:
+    file = checkpoint / SETTINGS_FILE
+    if not file.is_file():
+        return {}
+    saved = json.loads(file.read_text())
+    values = {k: v for k, v in saved.items() if k in _BY_KEY and k != "extensions"}
+    values.update(saved.get("extensions", {}))
+    # Where this run writes and what it resumes are never inherited.
+    for key in ("resume", "run_dir", "checkpoint_dir", "address"):
+        values.pop(key, None)
+    return {k: v for k, v in values.items() if k in _BY_KEY}
+
+
+def resolve_settings(
+    cli_values: Mapping[str, Any], *, config_file: str | None = None
+) -> TrainSettings:
+    """Merges defaults, the resumed checkpoint's settings, ``--config`` YAML and flags.
+
+    Args:
+        cli_values: only the flags given on the command line, as raw strings, by option key.
+        config_file: the ``--config`` path, if any.
+
+    Raises:
+        CLIError: for any bad key or value, with the fix.
+    """
+    flags = {k: _convert(_BY_KEY[k], v, _BY_KEY[k].flag) for k, v in cli_values.items()}
+    from_yaml = load_yaml(config_file) if config_file else {}
+    resume = flags.get("resume", from_yaml.get("resume"))
+    inherited: dict[str, Any] = {}
+    if resume:
+        checkpoint = resolve_checkpoint(resume, flag="--resume")
+        inherited = _checkpoint_values(checkpoint)
+        inherited["resume"] = str(checkpoint)
+    merged = {**inherited, **from_yaml, **flags}
+    if resume:
+        merged["resume"] = inherited["resume"]
+    settings = TrainSettings.from_values(merged)
+    _check_extension_combination(settings)
+    return settings
+
+
+def _check_extension_combination(settings: TrainSettings) -> None:
+    from rllib_ext.settings import ExtensionSettings
+
+    try:
+        ExtensionSettings.from_flat(settings.extensions, where="the command line")
+    except ValueError as exc:
+        flags = ", ".join(o.flag for o in EXTENSION_OPTIONS)
+        raise CLIError(f"{exc} (command-line flags: {flags})") from None

@@ -1,0 +1,155 @@
+"""End-to-end ``rllib-ext train`` / ``evaluate`` runs through real RLlib (``-m slow``)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rllib_ext.cli.main import main
+
+pytestmark = pytest.mark.slow
+
+
+def _summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_short_run_writes_everything_and_evaluate_reads_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "run"
+    argv = ["train", "--stop-timesteps", "4000", "--checkpoint-freq", "1", "--seed", "0"]
+    assert main([*argv, "--run-dir", str(run_dir), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "reached --stop-timesteps" in out and "episode_return_mean" in out
+
+    summary = _summary(run_dir)
+    assert summary["stop_reason"] == "stop_timesteps"
+    assert summary["env_steps"] >= 4000
+    assert summary["wall_time_s"] > 0
+    assert summary["settings"]["extensions"]["gae"] == "vectorized"
+    assert summary["settings"]["seed"] == 0
+    checkpoint = Path(summary["checkpoint"])
+    assert (checkpoint / "rllib_checkpoint.json").is_file()
+    # --checkpoint-freq 1: one checkpoint per iteration.
+    saved = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert len(saved) == summary["iterations"] >= 2, saved
+
+    with (run_dir / "metrics.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == summary["iterations"]
+    assert "env_runners/episode_return_mean" in rows[0]
+    assert "learners/default_policy/gae/vectorized" in rows[0]  # the extension ran
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+
+    assert main(["evaluate", str(checkpoint), "--episodes", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "mean return:" in out and "episodes: 3" in out
+    # A run directory works as well as the checkpoint itself.
+    assert main(["evaluate", str(run_dir), "--episodes", "1"]) == 0
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_resume_continues_from_the_checkpoint(tmp_path: Path) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    argv = ["train", "--stop-timesteps", "2000", "--seed", "3", "--gae", "rllib", "--no-progress"]
+    assert main([*argv, "--run-dir", str(first)]) == 0
+    before = _summary(first)
+    assert before["iterations"] == 1
+
+    resume = ["train", "--resume", str(first), "--stop-timesteps", "4000", "--no-progress"]
+    assert main([*resume, "--run-dir", str(second)]) == 0
+    after = _summary(second)
+    assert after["iterations"] == 2  # continued, not restarted
+    assert after["env_steps"] >= 4000
+    assert after["settings"]["resume"] == before["checkpoint"]
+    assert after["settings"]["seed"] == 3  # inherited from the checkpoint
+    assert after["settings"]["extensions"]["gae"] == "rllib"
+    with (second / "metrics.csv").open() as f:
+        assert [int(float(r["training_iteration"])) for r in csv.DictReader(f)] == [2]
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_default_run_reaches_450(tmp_path: Path) -> None:
+    run_dir = tmp_path / "default"
+    # The time budget only guards against a hang; the default run takes well under a minute.
+    assert main(["train", "--run-dir", str(run_dir), "--time-budget", "900", "--seed", "0"]) == 0
+    summary = _summary(run_dir)
+    assert summary["stop_reason"] == "stop_reward", summary
+    assert summary["episode_return_mean"] >= 450
+    assert Path(summary["checkpoint"], "rllib_checkpoint.json").is_file()
+
+
+def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path: Path) -> None:
+    """A real SIGINT to the process group (what Ctrl-C in a terminal sends)."""
+    script = shutil.which("rllib-ext", path=str(Path(sys.executable).parent))
+    if script is None:
+        pytest.skip("console script not installed: pip install -e . --no-deps")
+    run_dir = tmp_path / "interrupted"
+    argv = ["train", "--stop-reward", "none", "--stop-timesteps", "10000000", "--seed", "0"]
+    proc = subprocess.Popen(
+        [script, *argv, "--run-dir", str(run_dir), "--checkpoint-freq", "0"],
+        start_new_session=True,
+        # A shell starts background jobs with SIGINT ignored; Python then never raises
+        # KeyboardInterrupt. Restore the default so the test sees what a terminal user sees.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        metrics = run_dir / "metrics.csv"
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no iteration finished in time"
+            time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err
+    summary = _summary(run_dir)
+    assert summary["stop_reason"] == "interrupted"
+    assert (Path(summary["checkpoint"]) / "rllib_checkpoint.json").is_file()
+    assert "interrupted" in out
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_evaluate_plays_a_multi_agent_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The multi-agent hook of evaluate: two CartPoles sharing one policy (untrained)."""
+    from ray.rllib.env.multi_agent_env import make_multi_agent
+    from ray.tune.registry import register_env
+
+    import rllib_ext
+
+    two_cartpoles = make_multi_agent("CartPole-v1")
+    register_env("cli_test_two_cartpoles", lambda cfg: two_cartpoles({"num_agents": 2}))
+    config = (
+        rllib_ext.PPOConfig()
+        .environment("cli_test_two_cartpoles")
+        .multi_agent(policies={"shared"}, policy_mapping_fn=lambda agent_id, *a, **k: "shared")
+        .env_runners(num_env_runners=0)
+    )
+    algo = config.build_algo()
+    try:
+        checkpoint = algo.save_to_path(str(tmp_path / "multi_agent"))
+    finally:
+        algo.stop()
+    assert main(["evaluate", str(checkpoint), "--episodes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "cli_test_two_cartpoles" in out and "mean return:" in out
