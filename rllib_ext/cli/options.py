@@ -89,6 +89,19 @@ def _json_object(value: Any) -> dict[str, Any]:
     return dict(value)
 
 
+def _named_choice(names: Mapping[str, Any]) -> Callable[[Any], Any]:
+    """Like :func:`_choice`, for settings whose off value is not a string (``off`` -> False)."""
+
+    def convert(value: Any) -> Any:
+        if value in names.values() and not isinstance(value, str) or value is None:
+            return value
+        if value not in names:
+            raise ValueError(f"is not supported; allowed values: {', '.join(names)}")
+        return names[value]
+
+    return convert
+
+
 def _choice(allowed: tuple[str, ...]) -> Callable[[Any], str]:
     def convert(value: Any) -> str:
         if value not in allowed:
@@ -268,6 +281,36 @@ EXTENSION_OPTIONS: tuple[Option, ...] = (
         default="all",
         help="advantage standardization over 'all' rows (RLlib), only 'masked' rows, or 'none'",
         example="all",
+    ),
+    Option(
+        "amp",
+        convert=_named_choice({"off": False, "fp16": "fp16", "bf16": "bf16", "auto": "auto"}),
+        default=False,
+        help="mixed precision for the learner update: fp16 (loss scaling), bf16, auto or off",
+        example="auto",
+    ),
+    Option(
+        "grad_compression",
+        convert=_named_choice(
+            {
+                "none": None,
+                "fp16": "fp16",
+                "bf16": "bf16",
+                "powersgd": "powersgd",
+                "onebit": "onebit",
+            }
+        ),
+        default=None,
+        help="compress gradients exchanged between learners (needs --num-learners >= 2)",
+        example="powersgd",
+    ),
+    Option(
+        "powersgd_rank",
+        convert=_int_at_least(1),
+        default=4,
+        help="PowerSGD approximation rank (with --grad-compression powersgd)",
+        example="4",
+        metavar="N",
     ),
 )
 """rllib_ext flags: each becomes ``PPOConfig.training(<key>=<value>)``. Add new flags here."""
