@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -c constraints.txt -e ".[dev]"
+	$(PIP) install -q -c constraints.txt -e ".[dev,smax]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -114,11 +114,14 @@ class VectorizedGAE(GeneralAdvantageEstimation):
         if not module_ids:
             return batch
         # Episode lengths are only needed to undo/redo zero-padding of stateful modules.
-        lens_by_module: dict[Any, np.ndarray] | None = None
+        episode_lens: list[tuple[Any, int]] = []
         if any(rl_module[mid].unwrapped().is_stateful() for mid in module_ids):
-            lens_by_module = {}
-            for e in self.single_agent_episode_iterator(episodes, agents_that_stepped_only=False):
-                lens_by_module.setdefault(e.module_id, []).append(len(e))
+            episode_lens = [
+                (e.module_id, len(e))
+                for e in self.single_agent_episode_iterator(
+                    episodes, agents_that_stepped_only=False
+                )
+            ]
 
         for mid in module_ids:
             module = rl_module[mid].unwrapped()
@@ -129,7 +132,8 @@ class VectorizedGAE(GeneralAdvantageEstimation):
             values = _flat(vf_preds)
             mask = None
             if module.is_stateful():
-                lens = lens_by_module.get(mid, lens_by_module.get(None, []))
+                # As RLlib: single-agent episodes carry module_id None.
+                lens = [n for owner, n in episode_lens if owner is None or owner == mid]
                 mask = padding_mask(np.asarray(lens), module.model_config["max_seq_len"])
 
             def unpad(x: Any, mask: np.ndarray | None = mask) -> np.ndarray:
@@ -152,7 +156,9 @@ class VectorizedGAE(GeneralAdvantageEstimation):
             advantages = self._standardize(advantages, module_batch, unpad)
 
             if mask is not None:
-                advantages, value_targets = (self._repad(a, mask) for a in (advantages, value_targets))
+                advantages, value_targets = (
+                    self._repad(a, mask) for a in (advantages, value_targets)
+                )
             module_batch[Postprocessing.ADVANTAGES] = torch.from_numpy(advantages).to(device)
             module_batch[Postprocessing.VALUE_TARGETS] = torch.from_numpy(value_targets).to(device)
 
@@ -163,7 +169,9 @@ class VectorizedGAE(GeneralAdvantageEstimation):
                 metrics.log_value((mid, GAE_IMPL_KEY), 1.0, window=1)
         return batch
 
-    def _standardize(self, advantages: np.ndarray, module_batch: dict[str, Any], unpad: Any) -> np.ndarray:
+    def _standardize(
+        self, advantages: np.ndarray, module_batch: dict[str, Any], unpad: Any
+    ) -> np.ndarray:
         mode = self.standardize_advantages
         if mode == "none":
             return advantages.astype(np.float32, copy=False)

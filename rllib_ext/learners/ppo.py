@@ -5,7 +5,9 @@ Components, each switched on by its settings (``rllib_ext.settings``):
 * vectorized GAE: swaps RLlib's ``GeneralAdvantageEstimation`` for ``VectorizedGAE``;
 * AMP: autocast around forward + loss only (backward outside), fp16 loss scaling with one
   ``torch.amp.GradScaler`` per module, gradients unscaled before ``grad_clip``, steps with
-  inf/nan gradients skipped (see ``rllib_ext.learners.amp``).
+  inf/nan gradients skipped (see ``rllib_ext.learners.amp``);
+* gradient compression: a DDP comm hook per module when ``num_learners >= 2``
+  (see ``rllib_ext.learners.comm``).
 """
 
 from __future__ import annotations
@@ -24,13 +26,15 @@ from ray.rllib.utils.typing import ModuleID, ParamDict, StateDict, TensorType
 
 from rllib_ext.connectors.gae import VectorizedGAE
 from rllib_ext.learners.amp import AMPState, resolve_amp_dtype
-from rllib_ext.settings import ExtensionSettings
+from rllib_ext.learners.comm import CommCompression
+from rllib_ext.settings import ExtensionSettings, check_comm_resources
 
 __all__ = ["PPOExtTorchLearner"]
 
 logger = logging.getLogger(__name__)
 
 AMP_STATE_KEY = "rllib_ext_amp"
+COMM_STATE_KEY = "rllib_ext_comm"
 
 
 class PPOExtTorchLearner(PPOTorchLearner):
@@ -43,6 +47,7 @@ class PPOExtTorchLearner(PPOTorchLearner):
 
     ext_settings: ExtensionSettings
     amp: AMPState
+    comm: CommCompression
 
     @override(PPOTorchLearner)
     def build(self) -> None:
@@ -63,6 +68,16 @@ class PPOExtTorchLearner(PPOTorchLearner):
                 "scalers would fight. Fix: remove _torch_grad_scaler_class; amp='fp16' brings "
                 "its own GradScaler."
             )
+        for message in check_comm_resources(
+            self.ext_settings.comm,
+            num_learners=self.config.num_learners,
+            num_gpus_per_learner=self.config.num_gpus_per_learner,
+        ):
+            if self._learner_index == 0:
+                logger.warning(message)
+        # Before super().build(): TorchLearner.build ends by wrapping modules in DDP, which is
+        # where the comm hooks get registered.
+        self.comm = CommCompression(self.ext_settings.comm)
         super().build()
         self.amp = AMPState(
             settings=amp_settings,
@@ -90,6 +105,17 @@ class PPOExtTorchLearner(PPOTorchLearner):
             ),
         )
         self._learner_connector.remove(GeneralAdvantageEstimation)
+
+    @override(TorchLearner)
+    def _make_modules_ddp_if_necessary(self) -> None:
+        super()._make_modules_ddp_if_necessary()
+        self.comm.register(self.module)
+
+    @override(TorchLearner)
+    def add_module(self, **kwargs: Any) -> Any:
+        spec = super().add_module(**kwargs)
+        self.comm.register(self.module)
+        return spec
 
     # -- update step ------------------------------------------------------------------------
 
@@ -142,12 +168,17 @@ class PPOExtTorchLearner(PPOTorchLearner):
 
     @override(TorchLearner)
     def apply_gradients(self, gradients_dict: ParamDict) -> None:
-        if not self.amp.scaling:
+        if self.amp.scaling:
+            self._apply_scaled_gradients(gradients_dict)
+        else:
             super().apply_gradients(gradients_dict)
             if self.amp.enabled:
                 for mid in self._module_optimizers:
                     self._log_amp(mid)
-            return
+        if self.comm.enabled:
+            self.comm.log_stats(self.metrics)
+
+    def _apply_scaled_gradients(self, gradients_dict: ParamDict) -> None:
         for pid, grad in gradients_dict.items():
             self._params[pid].grad = grad
         for mid in self._modules_in_step:
@@ -158,8 +189,11 @@ class PPOExtTorchLearner(PPOTorchLearner):
             for _, optim in self.get_optimizers_for_module(mid):
                 scaler.step(optim)
             scaler.update()
+            after = scaler.get_scale()
+            # Error-feedback memory of the comm hook holds loss-scaled gradients.
+            self.comm.rescale(mid, after / before)
             # The scale only shrinks after a step with inf/nan gradients.
-            if scaler.get_scale() < before:
+            if after < before:
                 self.amp.skipped_steps[mid] = self.amp.skipped_steps.get(mid, 0) + 1
                 self.metrics.log_value((mid, "amp/skipped_steps"), 1, reduce="sum")
             self._log_amp(mid)
@@ -186,6 +220,8 @@ class PPOExtTorchLearner(PPOTorchLearner):
         state = super().get_state(components, not_components=not_components, **kw)
         if self._check_component(AMP_STATE_KEY, components, not_components):
             state[AMP_STATE_KEY] = self.amp.get_state()
+        if self.comm.enabled and self._check_component(COMM_STATE_KEY, components, not_components):
+            state[COMM_STATE_KEY] = self.comm.get_state()
         return state
 
     @override(Learner)
@@ -193,3 +229,9 @@ class PPOExtTorchLearner(PPOTorchLearner):
         super().set_state(state)
         if AMP_STATE_KEY in state:
             self.amp.set_state(state[AMP_STATE_KEY])
+        if self._learner_index != 0:
+            # Restored metrics come from rank 0; only rank 0 may hold the string item.
+            for mid in self.module.keys():
+                self.metrics.delete(mid, "amp/dtype", key_error=False)
+        if COMM_STATE_KEY in state and self.comm.enabled:
+            self.comm.set_state(state[COMM_STATE_KEY])

@@ -9,149 +9,308 @@ Recurrence, for t = N-1 .. 0 (``A_N = 0``)::
     delta_t = r_t + gamma * (1 - terminated_t) * V_{t+1} - V_t       (V_N = 0)
     A_t     = delta_t + c * (1 - terminated_t) * (1 - truncated_t) * A_{t+1},   c = gamma*lambda
 
-How it is vectorized (all float64, O(N) memory whatever the segment lengths):
+Both kinds of episode end are a *stop*: the recursion does not cross it.
 
-1. Without resets, ``S = suffix(x)`` with ``S_t = x_t + c S_{t+1}`` is a linear map. Cut the
-   array into rows of ``K`` steps: inside a row it is one small matmul with the ``K x K``
-   Toeplitz matrix ``c^(j-i)`` (entries <= 1, so nothing overflows); the rows are then chained
-   by the same recurrence on the ``N/K`` row-start values with coefficient ``c^K``, solved
-   recursively.
-2. Resets (a step that is terminated or truncated stops the recursion) are a sparse
-   correction of the input: ``A = suffix(delta - w)`` where ``w_e = c * A_{e+1}`` at each stop
-   ``e``. ``A`` at a segment start needs only ``S = suffix(delta)`` at segment starts:
-   ``A_s = S_s - c^L S_{s+L}`` for a segment of length ``L``, so the correction costs O(#segments).
+How it is vectorized (float64 throughout, O(N) time and memory whatever the segment lengths):
+
+1. Blocks. The flat array is cut into rows of ``K = 8`` steps. Without stops, the suffix sum
+   inside a row is one matmul with the ``K x K`` Toeplitz matrix ``c^(j-i)`` (entries <= 1,
+   nothing overflows).
+2. Rows chained recursively. ``A`` at the start of each row obeys the same recurrence one
+   level up: ``A_row[b] = g_b + c^K * [no stop in row b] * A_row[b+1]``, where ``g_b`` is the
+   row's own sum from its start up to its first stop. That is the same problem on ``N/K``
+   values, solved by the same function (a loop over ~log8(N) levels, no loop over steps).
+3. Stops as a sparse correction of the input. With ``A`` known at every row start, ``A`` at
+   each segment start ``e+1`` is a sum over at most ``K`` entries of one row (plus ``A`` of the
+   next row when the segment leaves the row). Writing ``x_e - c*A_{e+1}`` at each stop ``e``
+   and ``x_{row end} + c*A_{next row}`` at each row end turns the whole problem into the
+   stop-free, row-local one of step 1: one last matmul gives ``A`` everywhere.
+
+Per call the N-sized work is: the deltas (3 passes), one gemv (row sums), one strided column
+update, one ``[N/8, 8] @ [8, 8]`` matmul, one float32 output pass. Everything else is
+``O(N/8 + #stops)``.
+
+BLAS calls go in batches of ``_BLAS_ROWS`` rows (numpy loops over the batch in C), so each
+call stays below OpenBLAS's multithreading threshold: threaded calls on these small
+shapes are slower and, on a busy 2-core machine, up to 10x noisier.
+
+Numerics: powers ``c^d`` below ``1e-250`` (and such ``c``) are treated as 0. That keeps
+denormals out of the BLAS kernels (denormal operands are slow on x86); a dropped term is below
+``1e-250 * max|A|``, far under float32 resolution of any value target.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
-from scipy.linalg.blas import dger
-from scipy.signal import lfilter
+from scipy.linalg.blas import dtrmm
 
-__all__ = ["compute_value_targets", "compute_advantages", "discounted_suffix_sum"]
+__all__ = ["compute_advantages", "compute_value_targets", "discounted_suffix_sum"]
 
 _BLOCK = 8
-_SMALL = 16384
-_TOEPLITZ_CACHE: dict[tuple[float, int], tuple[np.ndarray, np.ndarray]] = {}
+"""Row width K of the blocked scan (the gemm is memory-bound; wider rows only add flops)."""
+_BASE = 64
+"""A level this short is solved as a single row (no further recursion)."""
+_BLAS_ROWS = 2048
+"""Rows per BLAS call: 2048 * 8 * 8 = 131072 multiply-adds per gemm, under OpenBLAS's
+threading threshold (262144 by default), so every call runs on the calling thread."""
+_GATHER = 16384
+"""Stops handled per gather block (bounds the ``[block, K]`` temporaries)."""
+_FLUSH = 1e-250
+"""Powers of c below this are set to 0 (see module docstring)."""
 
 
-def _toeplitz(c: float, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """``T[j, i] = c^(j-i)`` for ``j >= i`` (else 0), and ``c^(k-i)`` for ``i < k``."""
-    key = (c, k)
-    hit = _TOEPLITZ_CACHE.get(key)
-    if hit is None:
-        powers = np.power(c, np.arange(k + 1, dtype=np.float64))
-        i = np.arange(k)
-        diff = i[:, None] - i[None, :]
-        t = np.where(diff >= 0, powers[np.clip(diff, 0, k)], 0.0)
-        hit = (t, powers[k - i].copy())
-        if len(_TOEPLITZ_CACHE) > 64:
-            _TOEPLITZ_CACHE.clear()
-        _TOEPLITZ_CACHE[key] = hit
-    return hit
+@lru_cache(maxsize=64)
+def _toeplitz(c: float, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(T, T.T, p)`` for ratio ``c`` and row width ``k``. Read-only, cached.
 
-
-def _row_buffer(n: int, k: int) -> np.ndarray:
-    """``[ceil(n/k) * k]`` float64 buffer whose tail past ``n`` is zero.
-
-    ``np.empty`` rather than ``np.zeros``: calloc'ed pages fault in on first write, which
-    costs more than the whole scan at 1M steps.
+    ``T[j, i] = c^(j-i)`` for ``j >= i`` else 0 (``[k, k]``, Fortran order for BLAS),
+    ``T.T`` C-contiguous (row ``o`` holds the weights of a suffix sum from offset ``o``) and
+    ``p[d] = c^d`` for ``d = 0..k``.
     """
-    m = -(-n // k)
-    buf = np.empty(m * k, dtype=np.float64)
-    buf[n:] = 0.0
-    return buf
+    powers = np.power(c, np.arange(k + 1, dtype=np.float64))
+    powers[powers < _FLUSH] = 0.0
+    i = np.arange(k)
+    diff = i[:, None] - i[None, :]
+    t = np.asfortranarray(np.where(diff >= 0, powers[np.clip(diff, 0, k)], 0.0))
+    tt = np.ascontiguousarray(t.T)
+    for a in (t, tt, powers):
+        a.setflags(write=False)
+    return t, tt, powers
 
 
-def _as_rows(x: np.ndarray, k: int) -> np.ndarray:
-    """Zero-pads the 1-D array ``x`` to a multiple of ``k`` (float64 copy); ``[M, k]``."""
-    n = x.shape[0]
-    buf = _row_buffer(n, k)
-    buf[:n] = x
-    return buf.reshape(-1, k)
+def _layout(n: int) -> tuple[int, int]:
+    """``(K, P)``: row width and padded length of a level with ``n`` values.
+
+    ``P`` is a multiple of ``K``, and of ``K * _BLAS_ROWS`` once there are more rows than one
+    BLAS batch holds, so the rows reshape into equal batches.
+    """
+    if n <= _BASE:
+        k = max(_BLOCK, -(-n // _BLOCK) * _BLOCK)
+        return k, k
+    rows = -(-n // _BLOCK)
+    if rows > _BLAS_ROWS:
+        rows = -(-rows // _BLAS_ROWS) * _BLAS_ROWS
+    return _BLOCK, rows * _BLOCK
 
 
-def _suffix_rows(rows: np.ndarray, c: float) -> np.ndarray:
-    """Reset-free suffix sum over the flattened ``[M, K]`` float64 array ``rows`` (in a new array)."""
+def _row_sums(rows: np.ndarray, powers: np.ndarray) -> np.ndarray:
+    """``g[b] = sum_i c^i rows[b, i]``, laid out for the next level plus one trailing zero.
+
+    The buffer has ``_layout(m)[1] + 1`` entries, zero past ``m``: the next level scans the
+    first ``_layout(m)[1]``; the extra zero is ``A`` one past the last row. One gemv per
+    ``_BLAS_ROWS`` rows (numpy loops over the batches in C).
+    """
     m, k = rows.shape
-    t, carry_pow = _toeplitz(c, k)
-    local = rows @ t
+    g = np.empty(_layout(m)[1] + 1, dtype=np.float64)
+    g[m:] = 0.0
+    if m > _BLAS_ROWS:
+        b = m // _BLAS_ROWS
+        np.matmul(rows.reshape(b, _BLAS_ROWS, k), powers[:k], out=g[:m].reshape(b, _BLAS_ROWS))
+    else:
+        np.matmul(rows, powers[:k], out=g[:m])
+    return g
+
+
+def _suffix_in_row(
+    rows: np.ndarray, row: np.ndarray, off: np.ndarray, tt: np.ndarray
+) -> np.ndarray:
+    """``sum_{j >= off} c^(j - off) rows[row, j]`` per entry: the stop-free sum to the row end.
+
+    Gathers ``[E, K]`` blocks of at most ``_GATHER`` entries, so the temporaries stay small
+    even when every step is a stop.
+    """
+    out = np.empty(row.size, dtype=np.float64)
+    for lo in range(0, row.size, _GATHER):
+        hi = lo + _GATHER
+        np.einsum(
+            "ij,ij->i",
+            np.take(rows, row[lo:hi], axis=0),
+            np.take(tt, off[lo:hi], axis=0),
+            out=out[lo:hi],
+        )
+    return out
+
+
+def _row_scan(rows: np.ndarray, t: np.ndarray) -> None:
+    """``rows <- rows @ T`` in place: the stop-free suffix sum inside every row.
+
+    One BLAS ``trmm`` on the ``[K, M]`` column-major view of the C-ordered rows (unit
+    diagonal). In place, so no N-sized output buffer is allocated (and faulted in).
+    """
+    out = dtrmm(1.0, t, rows.T, side=0, lower=1, trans_a=1, diag=1, overwrite_b=1)
+    if not np.may_share_memory(out, rows):  # a BLAS wrapper that copied anyway
+        rows[...] = out.T
+
+
+def _scan_free(x: np.ndarray, n: int, c: float) -> np.ndarray:
+    """Stop-free ``S_t = x_t + c * S_{t+1}`` (``S_n = 0``), in place.
+
+    Args:
+        x: ``[P]`` float64, ``P = _layout(n)[1]``, zero past ``n``.
+        n: number of real values.
+        c: ratio in ``[0, 1]``.
+
+    Returns:
+        ``x``, now holding ``S`` (zero past ``n``).
+    """
+    if c < _FLUSH:
+        return x
+    k, p = _layout(n)
+    m = p // k
+    t, _, powers = _toeplitz(c, k)
+    rows = x.reshape(m, k)
     if m > 1:
-        # Chain the rows: the value at the start of row b+1 feeds row b with weight c^(K-i).
-        starts = _suffix_1d(np.ascontiguousarray(local[:, 0]), c**k)
-        next_start = np.empty(m, dtype=np.float64)
-        next_start[:-1] = starts[1:]
-        next_start[-1] = 0.0
-        # In-place rank-1 update local += next_start (x) carry_pow; local.T is the
-        # column-major [K, M] view BLAS expects.
-        dger(1.0, carry_pow, next_start, a=local.T, overwrite_a=1)
-    return local
+        g = _row_sums(rows, powers)
+        s_row = _scan_free(g[:-1], m, float(powers[k]))
+        # The next row's start value enters through the row's last step.
+        rows[:-1, k - 1] += c * s_row[1:m]
+    _row_scan(rows, t)
+    return x
 
 
-def _suffix_1d(x: np.ndarray, c: float) -> np.ndarray:
-    """Reset-free ``S_t = x_t + c S_{t+1}`` for a 1-D float64 array."""
-    n = x.shape[0]
-    if c == 0.0 or n == 0:
-        return x.astype(np.float64, copy=True)
-    if n <= _SMALL:
-        return lfilter([1.0], [1.0, -c], x[::-1])[::-1].copy()
-    return _suffix_rows(_as_rows(x, _BLOCK), c).reshape(-1)[:n]
+def _scan(x: np.ndarray, n: int, ends: np.ndarray, c: float) -> np.ndarray:
+    """``A_t = x_t + c * [t not in ends] * A_{t+1}`` (``A_n = 0``), in place.
+
+    Stops become a sparse correction of ``x`` (``x_e -= c * A_{e+1}``); ``A`` at the segment
+    starts comes from the stop-free sums ``S``: ``A_s = S_s - c^L S_{s+L}`` for a segment of
+    length ``L``. ``S_s`` and ``c^L`` are needed only at the ``#stops`` segment starts.
+
+    Args:
+        x: ``[P]`` float64 with ``P = _layout(n)[1]``, zero past ``n``.
+        n: number of real values.
+        ends: sorted int positions in ``[0, n - 1)`` after which the recursion stops.
+        c: ratio in ``[0, 1]``.
+
+    Returns:
+        ``x``, now holding ``A`` (zero past ``n``).
+    """
+    if c < _FLUSH:
+        return x
+    if not ends.size:
+        return _scan_free(x, n, c)
+    k, p = _layout(n)
+    m = p // k
+    t, tt, powers = _toeplitz(c, k)
+    rows = x.reshape(m, k)
+    starts = ends + 1
+    start_row, start_off = np.divmod(starts, k)
+    # S at the segment starts: rest of the row, then the stop-free sum from the next row on.
+    s_start = _suffix_in_row(rows, start_row, start_off, tt)
+    if m > 1:
+        g = _row_sums(rows, powers)
+        s_row = g.copy()
+        _scan_free(s_row[:-1], m, float(powers[k]))  # s_row[m] stays 0: S one past the end
+        start_row += 1
+        from_next_row = np.take(s_row, start_row)
+        from_next_row *= np.take(powers, k - start_off)
+        s_start += from_next_row
+        del s_row, from_next_row
+    del start_row, start_off
+    # A at the segment starts, in place of s_start. Each segment runs to the next start
+    # (the last one to n, where S_n = 0).
+    next_term = np.power(c, np.diff(starts, append=n).astype(np.float64))
+    del starts
+    next_term[next_term < _FLUSH] = 0.0
+    next_term[:-1] *= s_start[1:]
+    next_term[-1] = 0.0
+    correction = s_start
+    correction -= next_term
+    correction *= c  # c * A_{e+1}
+    del next_term
+
+    end_row, end_off = np.divmod(ends, k)
+    # A stop on a row's last step cuts the carry into that row: no carry and no correction
+    # (the two would cancel up to rounding).
+    at_row_end = end_row[end_off == k - 1]
+    if m > 1:
+        # The row sums of the corrected input, whose stop-free scan is A at the row starts.
+        weighted = np.take(powers, end_off)
+        weighted *= correction
+        np.subtract.at(g, end_row, weighted)
+        del weighted
+    del end_row
+    correction[end_off == k - 1] = 0.0
+    x[ends] -= correction
+    if m > 1:
+        a_row = _scan_free(g[:-1], m, float(powers[k]))
+        carry = g[1 : m + 1] * c  # g is a_row, with its trailing zero
+        carry[at_row_end] = 0.0
+        rows[:, k - 1] += carry
+        del a_row
+    _row_scan(rows, t)
+    return x
+
+
+def _check_rate(name: str, value: float) -> float:
+    value = float(value)
+    if not 0.0 <= value <= 1.0:  # also rejects NaN
+        raise ValueError(
+            f"{name}={value!r} is outside [0, 1]; the scan needs gamma*lambda_ <= 1. "
+            f"Fix: pass a {name} between 0 and 1."
+        )
+    return value
+
+
+def _to_numpy(x: Any) -> np.ndarray:
+    if hasattr(x, "detach"):  # torch.Tensor, without importing torch here
+        x = x.detach().cpu().numpy()
+    return np.asarray(x).reshape(-1)
+
+
+def _flags(x: Any) -> np.ndarray:
+    arr = _to_numpy(x)
+    return np.ascontiguousarray(arr) if arr.dtype == np.bool_ else arr.astype(bool)
+
+
+def _stop_positions(term: np.ndarray, trunc: np.ndarray) -> np.ndarray:
+    """Sorted indices where ``term | trunc``; both contiguous bool ``[N]``.
+
+    Stops are usually sparse (one per episode chunk), so the scan runs over 8 flags per
+    uint64 word and only the nonzero words are expanded: about 4x faster than ``flatnonzero``
+    on the bool array at 1M steps. Dense stops take the plain route.
+    """
+    n = term.shape[0]
+    n8 = n - n % 8
+    words = term[:n8].view(np.uint64) | trunc[:n8].view(np.uint64)
+    hit = np.flatnonzero(words)
+    if hit.size > words.size // 16:
+        return np.flatnonzero(term | trunc)
+    if hit.size:
+        flags = words[hit].view(np.bool_).reshape(-1, 8)
+        word_pos, bit = np.nonzero(flags)
+        body = hit[word_pos] * 8 + bit
+    else:
+        body = hit
+    tail = np.flatnonzero(term[n8:] | trunc[n8:]) + n8
+    return np.concatenate((body, tail)) if tail.size else body
 
 
 def discounted_suffix_sum(x: Any, stops: Any, c: float) -> np.ndarray:
     """``y_t = x_t + c * (1 - stops_t) * y_{t+1}`` with ``y_N = 0``.
 
     Args:
-        x: ``[N]`` float array.
-        stops: ``[N]`` bool array; ``True`` cuts the recursion after step ``t``.
-        c: discount per step, in ``[0, 1]``.
+        x: ``[N]`` float array (numpy or torch).
+        stops: ``[N]`` bool or 0/1 array; ``True`` cuts the recursion after step ``t``.
+        c: ratio per step, in ``[0, 1]``.
 
     Returns:
-        ``[N]`` float64 array.
+        ``[N]`` float64 numpy array.
     """
-    x = np.asarray(x, dtype=np.float64)
-    stops = np.asarray(stops, dtype=bool)
+    c = _check_rate("c", c)
+    x = _to_numpy(x)
+    stops = _flags(stops)
     n = x.shape[0]
-    if n == 0 or c == 0.0:
-        return x.copy()
-    rows = _as_rows(x.copy(), _BLOCK)
-    ends = np.flatnonzero(stops[:-1])
-    if ends.size:
-        _inject_resets(rows, ends, n, c)
-    return _suffix_rows(rows, c).reshape(-1)[:n]
-
-
-def _inject_resets(rows: np.ndarray, ends: np.ndarray, n: int, c: float) -> None:
-    """Subtracts ``c * A_{e+1}`` at each cut ``e`` (in place) so a reset-free sum yields ``A``.
-
-    ``ends`` are the cut positions (excluding ``n-1``), strictly increasing.
-    """
-    m, k = rows.shape
-    t, carry_pow = _toeplitz(c, k)
-    # Reset-free suffix sums S at the segment starts 0, e+1, ...: row-local part plus the
-    # chained row starts (same algebra as _suffix_rows, evaluated only where needed).
-    row_starts = _suffix_1d(rows @ t[:, 0], c**k)
-    next_row_start = np.empty(m, dtype=np.float64)
-    next_row_start[:-1] = row_starts[1:]
-    next_row_start[-1] = 0.0
-    seg_starts = np.concatenate(([0], ends + 1))
-    r, o = np.divmod(seg_starts, k)
-    s_at = np.einsum("sk,ks->s", rows[r], t[:, o]) + carry_pow[o] * next_row_start[r]
-    # A at a segment start s of length L: S_s - c^L * S_{s+L}  (S_n = 0).
-    lengths = np.diff(np.concatenate((seg_starts, [n])))
-    s_next = np.zeros_like(s_at)
-    s_next[:-1] = s_at[1:]
-    a_start = s_at - np.power(c, lengths) * s_next
-    flat = rows.reshape(-1)
-    flat[ends] -= c * a_start[1:]
-
-
-def _to_numpy(x: Any) -> np.ndarray:
-    if hasattr(x, "detach"):  # torch.Tensor without importing torch here
-        return x.detach().cpu().numpy()
-    return np.asarray(x)
+    if stops.shape[0] != n:
+        raise ValueError(f"x has {n} steps but stops has {stops.shape[0]}; pass equal lengths.")
+    _, p = _layout(n)
+    buf = np.empty(p, dtype=np.float64)
+    buf[:n] = x
+    buf[n:] = 0.0
+    ends = np.flatnonzero(stops[: max(n - 1, 0)])
+    return _scan(buf, n, ends, c)[:n]
 
 
 def compute_advantages(
@@ -165,41 +324,49 @@ def compute_advantages(
     """GAE advantages (float64) over a flat batch of concatenated episode chunks.
 
     Args:
-        values: ``[N]`` value predictions ``V(s_t)``.
+        values: ``[N]`` value predictions ``V(s_t)`` (numpy or torch, any float dtype).
         rewards: ``[N]`` rewards ``r_t``.
-        terminateds: ``[N]`` bool/0-1; ``True`` at a step after which there is no next state
-            (no bootstrap from ``V_{t+1}``, recursion stops).
-        truncateds: ``[N]`` bool/0-1; ``True`` at a step that ends a chunk whose next state
-            exists (bootstrap from ``V_{t+1}``, recursion stops).
+        terminateds: ``[N]`` bool or 0/1; ``True`` at a step after which there is no next
+            state: no bootstrap from ``V_{t+1}``, the recursion stops.
+        truncateds: ``[N]`` bool or 0/1; ``True`` at a step that ends a chunk whose next state
+            exists (``V_{t+1}`` is its value): bootstrap from it, the recursion stops.
         gamma: discount in ``[0, 1]``.
         lambda_: GAE lambda in ``[0, 1]``.
 
     Returns:
-        ``[N]`` float64 advantages.
-    """
-    v = _to_numpy(values).reshape(-1)
-    n = v.shape[0]
-    term = _to_numpy(terminateds).astype(bool, copy=False).reshape(-1)
-    trunc = _to_numpy(truncateds).astype(bool, copy=False).reshape(-1)
-    c = float(gamma) * float(lambda_)
+        ``[N]`` float64 numpy array (also for torch input).
 
-    # delta_t = r_t + gamma * (1 - term_t) * V_{t+1} - V_t, in float64 (as RLlib), written
-    # straight into the padded rows.
-    buf = _row_buffer(n, _BLOCK)
+    Raises:
+        ValueError: for lengths that differ or ``gamma``/``lambda_`` outside ``[0, 1]``.
+    """
+    gamma = _check_rate("gamma", gamma)
+    lambda_ = _check_rate("lambda_", lambda_)
+    v = _to_numpy(values)
+    r = _to_numpy(rewards)
+    term = _flags(terminateds)
+    trunc = _flags(truncateds)
+    n = v.shape[0]
+    if not r.shape[0] == term.shape[0] == trunc.shape[0] == n:
+        raise ValueError(
+            f"values, rewards, terminateds, truncateds have {n}, {r.shape[0]}, "
+            f"{term.shape[0]}, {trunc.shape[0]} steps; pass one entry per step in each."
+        )
+    _, p = _layout(n)
+    buf = np.empty(p, dtype=np.float64)
+    buf[n:] = 0.0
+    if n == 0:
+        return buf[:0]
+    stops = _stop_positions(term, trunc)
+    # delta = gamma * (1 - term) * V_{t+1} + r - V, in RLlib's float64 operation order (the
+    # sum is commutative, so bit-identical to its td_residuals).
     delta = buf[:n]
-    if n:
-        np.multiply(v[1:], gamma, out=delta[:-1], dtype=np.float64)
-        delta[-1] = 0.0
-        np.copyto(delta, 0.0, where=term)
-        np.add(delta, _to_numpy(rewards).reshape(-1), out=delta, dtype=np.float64)
-        np.subtract(delta, v, out=delta, dtype=np.float64)
-    if n == 0 or c == 0.0:
-        return delta.copy()
-    rows = buf.reshape(-1, _BLOCK)
-    ends = np.flatnonzero((term | trunc)[:-1])
-    if ends.size:
-        _inject_resets(rows, ends, n, c)
-    return _suffix_rows(rows, c).reshape(-1)[:n]
+    np.multiply(v[1:], gamma, out=delta[:-1], dtype=np.float64)
+    delta[-1] = 0.0
+    delta[stops[term[stops]]] = 0.0
+    np.add(delta, r, out=delta, dtype=np.float64)
+    np.subtract(delta, v, out=delta, dtype=np.float64)
+    ends = stops[: np.searchsorted(stops, n - 1)]
+    return _scan(buf, n, ends, gamma * lambda_)[:n]
 
 
 def compute_value_targets(
@@ -212,11 +379,12 @@ def compute_value_targets(
 ) -> np.ndarray:
     """GAE value targets ``A_t + V_t`` (float32), a drop-in for RLlib's function of this name.
 
-    Arguments as in :func:`compute_advantages`. Returns ``[N]`` float32 (numpy, also for
-    torch input). Rounded like RLlib: advantages to float32 first, then ``+ values`` in float32.
+    Arguments as in :func:`compute_advantages`. Returns ``[N]`` float32 numpy (also for torch
+    input), rounded like RLlib: advantages to float32 first, then ``+ values``.
     """
     adv = compute_advantages(values, rewards, terminateds, truncateds, gamma, lambda_)
-    vals = _to_numpy(values).reshape(-1).astype(np.float32, copy=False)
-    out = adv.astype(np.float32)
-    out += vals
-    return out
+    v = _to_numpy(values)
+    if v.dtype == np.float32:
+        # One pass: the float32 loop casts adv first, then adds, as RLlib's float32 buffer does.
+        return np.add(adv, v, dtype=np.float32)
+    return (adv.astype(np.float32) + v).astype(np.float32, copy=False)

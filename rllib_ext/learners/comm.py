@@ -1,0 +1,87 @@
+"""Gradient-compression part of ``PPOExtTorchLearner``: hook registration, metrics, state.
+
+RLlib wraps each module in ``TorchDDPRLModule`` (a ``DistributedDataParallel``) when
+``num_learners > 1`` (``TorchLearner._make_modules_ddp_if_necessary`` and ``add_module``); the
+learner calls :meth:`CommCompression.register` right after both, so every DDP module gets its
+hook before its first backward pass.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ray.rllib.core.rl_module.multi_rl_module import MultiRLModule
+from ray.rllib.core.rl_module.torch.torch_rl_module import TorchDDPRLModule
+from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
+
+from rllib_ext.distributed import CommHookState, make_comm_hook
+from rllib_ext.settings import CompressionSettings
+
+__all__ = ["CommCompression"]
+
+logger = logging.getLogger(__name__)
+
+
+class CommCompression:
+    """One DDP comm hook (and its state) per module of a learner."""
+
+    def __init__(self, settings: CompressionSettings) -> None:
+        self.settings = settings
+        self.states: dict[str, CommHookState] = {}
+        self._pending_state: dict[str, Any] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self.settings.grad_compression is not None
+
+    def register(self, module: MultiRLModule) -> None:
+        """Registers a hook on every DDP-wrapped sub-module that has none yet."""
+        if not self.enabled:
+            return
+        for mid, sub in module._rl_modules.items():
+            if not isinstance(sub, TorchDDPRLModule) or mid in self.states:
+                continue
+            s = self.settings
+            hook, state = make_comm_hook(
+                s.grad_compression,
+                powersgd_rank=s.powersgd_rank,
+                powersgd_start_iter=s.powersgd_start_iter,
+                error_feedback=s.compression_error_feedback,
+            )
+            sub.register_comm_hook(state, hook)
+            self.states[mid] = state
+            if mid in self._pending_state:
+                state.set_state(self._pending_state.pop(mid))
+            logger.info("module %r: %s gradient compression hook registered", mid, hook.__name__)
+
+    def rescale(self, module_id: str, factor: float) -> None:
+        """Keeps error-feedback memory in the units of loss-scaled gradients (AMP fp16)."""
+        state = self.states.get(module_id)
+        if state is not None and factor != 1.0:
+            state.rescale_error_feedback(factor)
+
+    def log_stats(self, metrics: MetricsLogger) -> None:
+        """Logs and resets the statistics of the last update step under ``<mid>/comm/...``."""
+        for mid, state in self.states.items():
+            stats = state.pop_stats()
+            for key in ("bytes_sent", "bytes_uncompressed"):
+                metrics.log_value((mid, f"comm/{key}"), stats[key], reduce="sum")
+            metrics.log_value((mid, "comm/time_ms"), stats["comm_time_s"] * 1e3, reduce="sum")
+            metrics.log_value(
+                (mid, "comm/codec_time_ms"),
+                (stats["encode_time_s"] + stats["decode_time_s"]) * 1e3,
+                reduce="sum",
+            )
+            metrics.log_value((mid, "comm/compression_ratio"), stats["compression_ratio"], window=1)
+
+    def get_state(self) -> dict[str, Any]:
+        return {mid: state.get_state() for mid, state in self.states.items()}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        for mid, hook_state in state.items():
+            if mid in self.states:
+                self.states[mid].set_state(hook_state)
+            else:
+                # Restored before the module is wrapped (e.g. added later): apply on register.
+                self._pending_state[mid] = hook_state

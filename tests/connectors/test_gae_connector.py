@@ -1,0 +1,229 @@
+"""``VectorizedGAE`` vs RLlib's ``GeneralAdvantageEstimation`` on real episodes, same weights.
+
+Each case builds one algorithm (``rllib_ext.PPOConfig``, so the learner is
+``PPOExtTorchLearner``), samples real episodes with its local env runner, and runs two learner
+connector pipelines on deep copies of them with the learner's own ``MultiRLModule``:
+
+* stock: ``config.build_learner_connector(...)`` with ``AddOneTsToEpisodesAndTruncate``
+  prepended and RLlib's ``GeneralAdvantageEstimation`` appended, exactly as
+  ``PPOLearner.build`` assembles it;
+* ours: the learner's installed pipeline (``VectorizedGAE`` in the last slot).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from ray.rllib.connectors.learner import (
+    AddOneTsToEpisodesAndTruncate,
+    GeneralAdvantageEstimation,
+)
+from ray.rllib.core.columns import Columns
+from ray.rllib.evaluation.postprocessing import Postprocessing
+from ray.rllib.examples.envs.classes.multi_agent import MultiAgentCartPole
+from ray.rllib.utils.postprocessing.zero_padding import split_and_zero_pad_n_episodes
+
+import rllib_ext
+from rllib_ext.connectors.gae import VectorizedGAE
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+GAMMA = 0.97
+LAMBDA = 0.9
+
+
+def _config(**kwargs) -> rllib_ext.PPOConfig:
+    config = (
+        rllib_ext.PPOConfig()
+        .environment("CartPole-v1")
+        .env_runners(num_env_runners=0)
+        .rl_module(model_config=kwargs.pop("model_config", {"fcnet_hiddens": [32]}))
+        .training(gamma=GAMMA, lambda_=LAMBDA, train_batch_size_per_learner=512, **kwargs)
+        .debugging(seed=0)
+    )
+    return config
+
+
+def _multi_agent_config() -> rllib_ext.PPOConfig:
+    return (
+        _config()
+        .environment(MultiAgentCartPole, env_config={"num_agents": 2})
+        .multi_agent(
+            policies={"p0", "p1"},
+            policy_mapping_fn=lambda agent_id, episode, **kw: f"p{agent_id}",
+        )
+    )
+
+
+class Case:
+    """One built algorithm, its learner and a fixed set of sampled episodes."""
+
+    def __init__(self, config: rllib_ext.PPOConfig, num_timesteps: int) -> None:
+        self.config = config
+        self.algo = config.build_algo()
+        self.learner = self.algo.learner_group._learner
+        self.episodes = self.algo.env_runner.sample(
+            num_timesteps=num_timesteps, random_actions=False
+        )
+
+    def stock_pipeline(self):
+        pipeline = self.config.build_learner_connector(
+            input_observation_space=None, input_action_space=None, device=torch.device("cpu")
+        )
+        pipeline.prepend(AddOneTsToEpisodesAndTruncate())
+        pipeline.append(GeneralAdvantageEstimation(gamma=GAMMA, lambda_=LAMBDA))
+        return pipeline
+
+    def run(self, pipeline) -> dict:
+        return pipeline(
+            rl_module=self.learner.module,
+            batch={},
+            episodes=copy.deepcopy(self.episodes),
+            shared_data={},
+            metrics=None,
+        )
+
+
+@pytest.fixture(scope="module")
+def cartpole():
+    case = Case(_config(), num_timesteps=1500)
+    yield case
+    case.algo.stop()
+
+
+@pytest.fixture(scope="module")
+def multi_agent():
+    case = Case(_multi_agent_config(), num_timesteps=800)
+    yield case
+    case.algo.stop()
+
+
+@pytest.fixture(scope="module")
+def lstm():
+    config = _config(model_config={"use_lstm": True, "max_seq_len": 20, "lstm_cell_size": 16})
+    case = Case(config, num_timesteps=600)
+    yield case
+    case.algo.stop()
+
+
+def _assert_parity(stock: dict, ours: dict, module_ids) -> None:
+    assert set(module_ids) <= set(stock) and set(module_ids) <= set(ours)
+    for mid in module_ids:
+        mask = stock[mid][Columns.LOSS_MASK].numpy().astype(bool)
+        assert torch.equal(stock[mid][Columns.LOSS_MASK], ours[mid][Columns.LOSS_MASK])
+        assert mask.sum() > 0
+        for key in (Postprocessing.ADVANTAGES, Postprocessing.VALUE_TARGETS):
+            expected, actual = stock[mid][key], ours[mid][key]
+            assert actual.dtype == expected.dtype == torch.float32, key
+            assert actual.shape == expected.shape, key
+            np.testing.assert_allclose(
+                actual.numpy()[mask], expected.numpy()[mask], rtol=1e-5, atol=1e-5, err_msg=key
+            )
+
+
+def _installed_gae(learner) -> VectorizedGAE:
+    pieces = learner._learner_connector.connectors
+    assert not any(type(p) is GeneralAdvantageEstimation for p in pieces)
+    (gae,) = [p for p in pieces if isinstance(p, VectorizedGAE)]
+    return gae
+
+
+def test_learner_pipeline_uses_vectorized_gae(cartpole):
+    pieces = cartpole.learner._learner_connector.connectors
+    assert isinstance(pieces[0], AddOneTsToEpisodesAndTruncate)
+    assert isinstance(pieces[-1], VectorizedGAE)
+    assert _installed_gae(cartpole.learner).standardize_advantages == "all"
+
+
+def test_cartpole_parity(cartpole):
+    episodes = cartpole.episodes
+    assert any(e.is_terminated for e in episodes) and any(not e.is_done for e in episodes)
+    stock = cartpole.run(cartpole.stock_pipeline())
+    ours = cartpole.run(cartpole.learner._learner_connector)
+    _assert_parity(stock, ours, ["default_policy"])
+
+
+def test_multi_agent_two_modules_parity(multi_agent):
+    stock = multi_agent.run(multi_agent.stock_pipeline())
+    ours = multi_agent.run(multi_agent.learner._learner_connector)
+    _assert_parity(stock, ours, ["p0", "p1"])
+    # The two modules have different weights and data: each got its own values.
+    assert not torch.equal(
+        ours["p0"][Postprocessing.VALUE_TARGETS][:10], ours["p1"][Postprocessing.VALUE_TARGETS][:10]
+    )
+
+
+def test_lstm_zero_padded_parity(lstm):
+    stock = lstm.run(lstm.stock_pipeline())
+    episodes = copy.deepcopy(lstm.episodes)
+    ours = lstm.learner._learner_connector(
+        rl_module=lstm.learner.module, batch={}, episodes=episodes, shared_data={}, metrics=None
+    )
+    mid = "default_policy"
+    assert ours[mid][Postprocessing.ADVANTAGES].shape[1] == 20  # [B, T], zero-padded
+    _assert_parity(stock, ours, [mid])
+    # Padding cells (per RLlib's own split_and_zero_pad_n_episodes) hold zeros.
+    lens = [len(e) for e in episodes]  # with the bootstrap step added by the pipeline
+    real = np.stack(split_and_zero_pad_n_episodes(np.ones(sum(lens)), lens, 20)).astype(bool)
+    assert real.shape == ours[mid][Postprocessing.ADVANTAGES].shape and (~real).any()
+    for key in (Postprocessing.ADVANTAGES, Postprocessing.VALUE_TARGETS):
+        assert np.all(ours[mid][key].numpy()[~real] == 0.0)
+
+
+def _vectorized_only(case: Case, mode: str) -> dict:
+    """Our pipeline with ``standardize_advantages=mode`` (same pieces, same module)."""
+    pipeline = case.stock_pipeline()
+    pipeline.insert_after(
+        GeneralAdvantageEstimation,
+        VectorizedGAE(gamma=GAMMA, lambda_=LAMBDA, standardize_advantages=mode),
+    )
+    pipeline.remove(GeneralAdvantageEstimation)
+    return case.run(pipeline)
+
+
+def test_standardize_none_gives_raw_advantages(cartpole):
+    mid = "default_policy"
+    raw = _vectorized_only(cartpole, "none")[mid]
+    with torch.no_grad():
+        values = cartpole.learner.module[mid].compute_values(raw)
+    np.testing.assert_allclose(
+        raw[Postprocessing.ADVANTAGES].numpy(),
+        (raw[Postprocessing.VALUE_TARGETS] - values).numpy(),
+        rtol=1e-6,
+        atol=1e-6,
+    )
+    stock = cartpole.run(cartpole.stock_pipeline())[mid]
+    mask = stock[Columns.LOSS_MASK].numpy()
+    np.testing.assert_allclose(
+        raw[Postprocessing.VALUE_TARGETS].numpy()[mask],
+        stock[Postprocessing.VALUE_TARGETS].numpy()[mask],
+        rtol=1e-5,
+        atol=1e-5,
+    )
+
+
+def test_standardize_masked_uses_loss_rows_only(cartpole):
+    mid = "default_policy"
+    raw = _vectorized_only(cartpole, "none")[mid]
+    masked = _vectorized_only(cartpole, "masked")[mid]
+    mask = masked[Columns.LOSS_MASK].numpy()
+    assert (~mask).sum() > 0  # there are bootstrap rows to leave out
+    raw_adv = raw[Postprocessing.ADVANTAGES].numpy()
+    sel = raw_adv[mask]
+    expected = (raw_adv - sel.mean()) / max(1e-4, sel.std())
+    np.testing.assert_allclose(
+        masked[Postprocessing.ADVANTAGES].numpy(), expected, rtol=1e-5, atol=1e-5
+    )
+    adv = masked[Postprocessing.ADVANTAGES].numpy()[mask]
+    assert abs(adv.mean()) < 1e-5 and abs(adv.std() - 1.0) < 1e-4
+    # "all" (RLlib) includes the bootstrap rows, so it differs from "masked".
+    stock = cartpole.run(cartpole.stock_pipeline())[mid][Postprocessing.ADVANTAGES].numpy()
+    assert np.abs(stock[mask] - adv).max() > 1e-3
+
+
+def test_rejects_unknown_standardize_mode():
+    with pytest.raises(ValueError, match="standardize_advantages='sometimes'"):
+        VectorizedGAE(gamma=0.99, lambda_=0.95, standardize_advantages="sometimes")
