@@ -89,9 +89,12 @@ def _machine_line() -> str:
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=False)]
-    line = lambda cells: (
-        "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=False)) + " |"
-    )  # noqa: E731
+
+    def line(cells: list[str]) -> str:
+        return (
+            "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=False)) + " |"
+        )
+
     return "\n".join(
         [line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
         + [line(r) for r in rows]
