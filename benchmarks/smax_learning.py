@@ -201,7 +201,8 @@ def _config(args: argparse.Namespace) -> Any:
             train_batch_size_per_learner=args.train_batch_size,
             minibatch_size=args.minibatch_size,
             num_epochs=args.num_epochs,
-            lr=args.lr,
+            # Linear decay to --lr-end over --lr-decay-steps env steps (RLlib's [[t, lr], ...]).
+            lr=[[0, args.lr], [args.lr_decay_steps, args.lr_end]] if args.lr_end else args.lr,
             gamma=0.99,
             lambda_=0.95,
             entropy_coeff=args.entropy_coeff,
@@ -337,6 +338,8 @@ def main() -> None:
     lp.add_argument("--minibatch-size", type=int, default=1000)
     lp.add_argument("--num-epochs", type=int, default=5)
     lp.add_argument("--lr", type=float, default=1e-3)
+    lp.add_argument("--lr-end", type=float, default=None, help="linear decay target")
+    lp.add_argument("--lr-decay-steps", type=int, default=300_000)
     lp.add_argument("--entropy-coeff", type=float, default=0.01)
     lp.add_argument("--hiddens", type=int, nargs="+", default=[128, 128])
     lp.add_argument("--eval-episodes", type=int, default=100, help="final greedy evaluation")

@@ -31,6 +31,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+# torch >= 2.13 names the single-tensor all-gather `all_gather_single`; older ones only have
+# `all_gather_into_tensor` (deprecated from 2.13 on).
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 STATE_FORMAT_VERSION = 1
 # DDP rebuilds its buckets after the first backward pass (iteration 1), so a bucket layout seen
 # at step >= 2 is final. Restored per-bucket tensors that matched no bucket by then are dropped.

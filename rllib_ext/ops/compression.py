@@ -184,34 +184,48 @@ def unpack_signs(
     return _gather_rows(_sign_table(packed.device, dtype), packed.int(), numel, out)
 
 
-def onebit_scale(tensor: torch.Tensor) -> torch.Tensor:
+def onebit_scale(tensor: torch.Tensor, *, signs: torch.Tensor | None = None) -> torch.Tensor:
     """The scale ``mean(|x|)`` as a 0-d fp32 tensor (0 for an empty tensor).
 
     Accumulated in fp32 whatever the input dtype. Non-finite in, non-finite out: one ``inf``
     makes the scale ``inf`` and one NaN makes it NaN, which is how a mixed-precision overflow
     survives 1-bit compression (the decoded vector is then non-finite on every rank).
+
+    Args:
+        tensor: any shape, floating dtype.
+        signs: optional fp32 ``[n]`` buffer. If given, it is filled with ``copysign(1, x)``
+            and the scale is computed as ``dot(x, signs) / n`` (one BLAS pass, faster than an
+            L1 norm on CPU); the caller can reuse the signs for :func:`onebit_residual_`.
     """
     numel = tensor.numel()
     if numel == 0:
         return torch.zeros((), dtype=torch.float32, device=tensor.device)
-    norm = torch.linalg.vector_norm(tensor.reshape(-1), ord=1, dtype=torch.float32)
-    return norm.div_(numel)
+    flat = tensor.reshape(-1)
+    if signs is not None and flat.dtype == torch.float32:
+        unit = torch.ones((), dtype=torch.float32, device=flat.device)
+        torch.copysign(unit, flat, out=signs[:numel])
+        return torch.dot(flat, signs[:numel]).div_(numel)
+    return torch.linalg.vector_norm(flat, ord=1, dtype=torch.float32).div_(numel)
 
 
 def onebit_encode(
-    tensor: torch.Tensor, *, workspace: torch.Tensor | None = None
+    tensor: torch.Tensor,
+    *,
+    workspace: torch.Tensor | None = None,
+    signs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Scaled-sign compression of ``tensor``.
 
     Args:
         tensor: any shape, ``n`` elements, floating dtype.
         workspace: optional bool scratch, see :func:`pack_signs`.
+        signs: optional fp32 ``[>= n]`` scratch, see :func:`onebit_scale`.
 
     Returns:
         ``(packed, scale)``: ``packed`` is ``[ceil(n / 8)]`` uint8 (see :func:`pack_signs`),
         ``scale`` a 0-d fp32 tensor (see :func:`onebit_scale`).
     """
-    return pack_signs(tensor, workspace=workspace), onebit_scale(tensor)
+    return pack_signs(tensor, workspace=workspace), onebit_scale(tensor, signs=signs)
 
 
 def onebit_decode(
@@ -239,25 +253,34 @@ def onebit_decode(
 
 
 def onebit_residual_(
-    tensor: torch.Tensor, scale: torch.Tensor, *, workspace: torch.Tensor | None = None
+    tensor: torch.Tensor,
+    scale: torch.Tensor,
+    *,
+    signs: torch.Tensor | None = None,
+    workspace: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """In place: ``tensor -= scale * sign(tensor)``, the part that 1-bit compression lost.
 
-    Equal to ``tensor - onebit_decode(*onebit_encode(tensor), n)`` (same sign-bit convention,
-    ``copysign`` reads the same IEEE sign bit as :func:`pack_signs`), without packing.
+    Equal to ``tensor - onebit_decode(*onebit_encode(tensor), n)`` (same sign-bit convention:
+    ``copysign`` reads the same IEEE sign bit as :func:`pack_signs`), without unpacking.
 
     Args:
         tensor: ``[n]`` fp32, modified in place.
         scale: 0-d fp32, the scale that was sent.
-        workspace: optional ``[>= n]`` fp32 scratch.
+        signs: the ``copysign(1, tensor)`` buffer :func:`onebit_scale` filled, if any.
+        workspace: optional ``[>= n]`` fp32 scratch when ``signs`` is not given.
 
     Returns:
         ``tensor``.
     """
     numel = tensor.numel()
+    scale = scale.to(tensor.dtype)
+    if signs is not None:
+        # tensor + (-s) * (+-1): the product is exact, so this equals tensor - s * sign.
+        return tensor.addcmul_(signs[:numel].view_as(tensor), -scale)
     if workspace is None or workspace.numel() < numel or workspace.dtype != tensor.dtype:
         workspace = torch.empty_like(tensor)
-    sent = torch.copysign(scale.to(tensor.dtype), tensor, out=workspace[:numel].view_as(tensor))
+    sent = torch.copysign(scale, tensor, out=workspace[:numel].view_as(tensor))
     return tensor.sub_(sent)
 
 

@@ -93,6 +93,15 @@ def test_scale_decode_residual(numel: int) -> None:
     np.testing.assert_array_equal(decoded.numpy(), want)
     residual = fast.onebit_residual_(x.clone(), scale)
     np.testing.assert_array_equal(residual.numpy(), (x - decoded).numpy())
+    # The BLAS path (signs buffer) agrees, and its residual uses the signs it produced.
+    signs = torch.full((numel + 3,), 9.0)
+    packed_b, scale_b = fast.onebit_encode(x, signs=signs)
+    assert torch.equal(packed_b, packed)
+    np.testing.assert_allclose(scale_b.item(), scale.item(), rtol=1e-5)
+    np.testing.assert_array_equal(signs[:numel].numpy(), fast.unpack_signs(packed, numel).numpy())
+    residual_b = fast.onebit_residual_(x.clone(), scale_b, signs=signs)
+    decoded_b = fast.onebit_decode(packed_b, scale_b, numel)
+    np.testing.assert_array_equal(residual_b.numpy(), (x - decoded_b).numpy())
 
 
 def test_scale_is_l2_optimal_for_the_signs() -> None:
