@@ -15,24 +15,26 @@ How it is vectorized (float64 throughout, O(N) time and memory whatever the segm
 
 1. Blocks. The flat array is cut into rows of ``K = 8`` steps. Without stops, the suffix sum
    inside a row is one matmul with the ``K x K`` Toeplitz matrix ``c^(j-i)`` (entries <= 1,
-   nothing overflows).
-2. Rows chained recursively. ``A`` at the start of each row obeys the same recurrence one
-   level up: ``A_row[b] = g_b + c^K * [no stop in row b] * A_row[b+1]``, where ``g_b`` is the
-   row's own sum from its start up to its first stop. That is the same problem on ``N/K``
-   values, solved by the same function (a loop over ~log8(N) levels, no loop over steps).
-3. Stops as a sparse correction of the input. With ``A`` known at every row start, ``A`` at
-   each segment start ``e+1`` is a sum over at most ``K`` entries of one row (plus ``A`` of the
-   next row when the segment leaves the row). Writing ``x_e - c*A_{e+1}`` at each stop ``e``
-   and ``x_{row end} + c*A_{next row}`` at each row end turns the whole problem into the
-   stop-free, row-local one of step 1: one last matmul gives ``A`` everywhere.
+   nothing overflows). The rows are chained by the same recurrence one level up, on the
+   ``N/K`` row sums with ratio ``c^K``, solved by the same function (a loop over ~log8(N)
+   levels, no loop over steps); the next row's value enters each row through its last step.
+2. Stops as a sparse correction of the input. ``A = S(x - w)``, where ``S`` is the stop-free
+   suffix sum of step 1 and ``w_e = c * A_{e+1}`` at each stop ``e``: subtracting it cancels
+   exactly what would flow across the stop. ``A`` at a segment start ``s`` (length ``L``) is
+   ``S_s - c^L S_{s+L}``, so only ``#stops`` values of ``S`` and powers are needed: ``S`` at a
+   segment start is the rest of its row plus ``c^(K-o)`` times the row-level ``S``.
+3. The corrected row sums (``O(#stops)`` updates) give ``A`` at every row start with a second
+   row-level scan; one last matmul over the corrected rows gives ``A`` everywhere.
 
 Per call the N-sized work is: the deltas (3 passes), one gemv (row sums), one strided column
 update, one ``[N/8, 8] @ [8, 8]`` matmul, one float32 output pass. Everything else is
-``O(N/8 + #stops)``.
+``O(N/8 + #stops)``. Peak memory is about 2.5 x 8 bytes per step with sparse stops (input
+and output of the last matmul, float32 result), about 9.5 x 8 bytes when every step is a stop.
 
 BLAS calls go in batches of ``_BLAS_ROWS`` rows (numpy loops over the batch in C), so each
-call stays below OpenBLAS's multithreading threshold: threaded calls on these small
-shapes are slower and, on a busy 2-core machine, up to 10x noisier.
+call stays below OpenBLAS's multithreading threshold: threaded calls on these small shapes
+gain little on 2 cores and, when another process holds the other core, stall for whole
+scheduler slices (measured: 0.5 ms median -> 12 ms).
 
 Numerics: powers ``c^d`` below ``1e-250`` (and such ``c``) are treated as 0. That keeps
 denormals out of the BLAS kernels (denormal operands are slow on x86); a dropped term is below
@@ -45,7 +47,6 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
-from scipy.linalg.blas import dtrmm
 
 __all__ = ["compute_advantages", "compute_value_targets", "discounted_suffix_sum"]
 
@@ -66,7 +67,7 @@ _FLUSH = 1e-250
 def _toeplitz(c: float, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(T, T.T, p)`` for ratio ``c`` and row width ``k``. Read-only, cached.
 
-    ``T[j, i] = c^(j-i)`` for ``j >= i`` else 0 (``[k, k]``, Fortran order for BLAS),
+    ``T[j, i] = c^(j-i)`` for ``j >= i`` else 0 (``[k, k]``),
     ``T.T`` C-contiguous (row ``o`` holds the weights of a suffix sum from offset ``o``) and
     ``p[d] = c^d`` for ``d = 0..k``.
     """
@@ -74,7 +75,7 @@ def _toeplitz(c: float, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     powers[powers < _FLUSH] = 0.0
     i = np.arange(k)
     diff = i[:, None] - i[None, :]
-    t = np.asfortranarray(np.where(diff >= 0, powers[np.clip(diff, 0, k)], 0.0))
+    t = np.where(diff >= 0, powers[np.clip(diff, 0, k)], 0.0)
     tt = np.ascontiguousarray(t.T)
     for a in (t, tt, powers):
         a.setflags(write=False)
@@ -134,27 +135,33 @@ def _suffix_in_row(
     return out
 
 
-def _row_scan(rows: np.ndarray, t: np.ndarray) -> None:
-    """``rows <- rows @ T`` in place: the stop-free suffix sum inside every row.
+def _row_scan(rows: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """``rows @ T`` (the stop-free suffix sum inside every row), flat ``[M * K]`` float64.
 
-    One BLAS ``trmm`` on the ``[K, M]`` column-major view of the C-ordered rows (unit
-    diagonal). In place, so no N-sized output buffer is allocated (and faulted in).
+    Batched like :func:`_row_sums`. (An in-place BLAS ``trmm`` is twice as fast on an idle
+    machine, but OpenBLAS threads it for ``K >= 8``: on a loaded 2-core box its median went
+    from 0.5 to 12 ms, while these batched gemm calls stayed at 1.1-1.3 ms.)
     """
-    out = dtrmm(1.0, t, rows.T, side=0, lower=1, trans_a=1, diag=1, overwrite_b=1)
-    if not np.may_share_memory(out, rows):  # a BLAS wrapper that copied anyway
-        rows[...] = out.T
+    m, k = rows.shape
+    out = np.empty(m * k, dtype=np.float64)
+    if m > _BLAS_ROWS:
+        b = m // _BLAS_ROWS
+        np.matmul(rows.reshape(b, _BLAS_ROWS, k), t, out=out.reshape(b, _BLAS_ROWS, k))
+    else:
+        np.matmul(rows, t, out=out.reshape(m, k))
+    return out
 
 
 def _scan_free(x: np.ndarray, n: int, c: float) -> np.ndarray:
-    """Stop-free ``S_t = x_t + c * S_{t+1}`` (``S_n = 0``), in place.
+    """Stop-free ``S_t = x_t + c * S_{t+1}`` (``S_n = 0``).
 
     Args:
-        x: ``[P]`` float64, ``P = _layout(n)[1]``, zero past ``n``.
+        x: ``[P]`` float64, ``P = _layout(n)[1]``, zero past ``n``. Overwritten.
         n: number of real values.
         c: ratio in ``[0, 1]``.
 
     Returns:
-        ``x``, now holding ``S`` (zero past ``n``).
+        ``[P]`` float64 ``S`` (``x`` itself when ``c`` is 0), zero past ``n``.
     """
     if c < _FLUSH:
         return x
@@ -163,29 +170,27 @@ def _scan_free(x: np.ndarray, n: int, c: float) -> np.ndarray:
     t, _, powers = _toeplitz(c, k)
     rows = x.reshape(m, k)
     if m > 1:
-        g = _row_sums(rows, powers)
-        s_row = _scan_free(g[:-1], m, float(powers[k]))
+        s_row = _scan_free(_row_sums(rows, powers)[:-1], m, float(powers[k]))
         # The next row's start value enters through the row's last step.
         rows[:-1, k - 1] += c * s_row[1:m]
-    _row_scan(rows, t)
-    return x
+    return _row_scan(rows, t)
 
 
 def _scan(x: np.ndarray, n: int, ends: np.ndarray, c: float) -> np.ndarray:
-    """``A_t = x_t + c * [t not in ends] * A_{t+1}`` (``A_n = 0``), in place.
+    """``A_t = x_t + c * [t not in ends] * A_{t+1}`` (``A_n = 0``).
 
     Stops become a sparse correction of ``x`` (``x_e -= c * A_{e+1}``); ``A`` at the segment
     starts comes from the stop-free sums ``S``: ``A_s = S_s - c^L S_{s+L}`` for a segment of
     length ``L``. ``S_s`` and ``c^L`` are needed only at the ``#stops`` segment starts.
 
     Args:
-        x: ``[P]`` float64 with ``P = _layout(n)[1]``, zero past ``n``.
+        x: ``[P]`` float64 with ``P = _layout(n)[1]``, zero past ``n``. Overwritten.
         n: number of real values.
         ends: sorted int positions in ``[0, n - 1)`` after which the recursion stops.
         c: ratio in ``[0, 1]``.
 
     Returns:
-        ``x``, now holding ``A`` (zero past ``n``).
+        ``[P]`` float64 ``A`` (``x`` itself when ``c`` is 0), zero past ``n``.
     """
     if c < _FLUSH:
         return x
@@ -201,8 +206,8 @@ def _scan(x: np.ndarray, n: int, ends: np.ndarray, c: float) -> np.ndarray:
     s_start = _suffix_in_row(rows, start_row, start_off, tt)
     if m > 1:
         g = _row_sums(rows, powers)
-        s_row = g.copy()
-        _scan_free(s_row[:-1], m, float(powers[k]))  # s_row[m] stays 0: S one past the end
+        s_row = np.zeros(m + 1, dtype=np.float64)  # s_row[m] = 0: S one past the last row
+        s_row[:m] = _scan_free(g[:-1].copy(), m, float(powers[k]))[:m]
         start_row += 1
         from_next_row = np.take(s_row, start_row)
         from_next_row *= np.take(powers, k - start_off)
@@ -236,12 +241,13 @@ def _scan(x: np.ndarray, n: int, ends: np.ndarray, c: float) -> np.ndarray:
     x[ends] -= correction
     if m > 1:
         a_row = _scan_free(g[:-1], m, float(powers[k]))
-        carry = g[1 : m + 1] * c  # g is a_row, with its trailing zero
+        carry = np.empty(m, dtype=np.float64)
+        np.multiply(a_row[1:m], c, out=carry[:-1])
+        carry[-1] = 0.0
         carry[at_row_end] = 0.0
         rows[:, k - 1] += carry
-        del a_row
-    _row_scan(rows, t)
-    return x
+        del a_row, carry
+    return _row_scan(rows, t)
 
 
 def _check_rate(name: str, value: float) -> float:

@@ -215,8 +215,9 @@ def test_one_long_segment_memory_is_linear():
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    # float64 work buffer (8 B/step) + float32 result (4 B/step) + ~1/8 for the row levels.
-    assert peak < 2 * n * 8, f"peak {peak / 1e6:.1f} MB for {n} steps"
+    # float64 input and output of the last matmul (2 x 8 B/step), float32 result (4 B/step),
+    # ~1/8 of that for the row levels.
+    assert peak < 3 * n * 8, f"peak {peak / 1e6:.1f} MB for {n} steps"
     reference = compute_value_targets_reference(values, rewards, flags, flags, 0.999, 0.99)
     assert _target_rel_err(targets, reference, values) < 1e-5
 
