@@ -1,4 +1,4 @@
-"""The ``rllib-ext`` command: ``train``, ``evaluate`` and ``doctor``.
+"""The ``rllib-ext`` command: ``train``, ``evaluate``, ``profile`` and ``doctor``.
 
 Bad input never reaches Ray: it ends as one ``rllib-ext: error: ...`` line on stderr that names
 the value, the allowed values and the fix, with exit status 2.
@@ -35,7 +35,7 @@ def _build_parser() -> _Parser:
 
     parser = _Parser(prog="rllib-ext", description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"rllib-ext {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="{train,evaluate,doctor}")
+    commands = parser.add_subparsers(dest="command", metavar="{train,evaluate,profile,doctor}")
 
     train = commands.add_parser(
         "train",
@@ -44,19 +44,7 @@ def _build_parser() -> _Parser:
         "which override the settings saved with a --resume checkpoint.",
         allow_abbrev=False,
     )
-    train.add_argument(
-        "--config",
-        metavar="FILE.yaml",
-        help="YAML file with the flags' keys (e.g. 'num_env_runners: 1'); command-line flags win",
-    )
-    for option in ALL_OPTIONS:
-        train.add_argument(
-            option.flag,
-            dest=option.key,
-            metavar=option.metavar or option.key.upper(),
-            default=argparse.SUPPRESS,
-            help=f"{option.help} (default: {option.default!r})",
-        )
+    _add_run_options(train)
     train.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
@@ -64,6 +52,33 @@ def _build_parser() -> _Parser:
         help="live progress bar (default: only when stderr is a terminal)",
     )
     train.set_defaults(handler=_cmd_train)
+
+    profile = commands.add_parser(
+        "profile",
+        help="where a training iteration's time goes (breakdown, PyTorch profiler trace)",
+        description="Run warm-up, timed and one traced training iteration with the train "
+        "flags; write breakdown.json, breakdown.txt, trace/learner.pt.trace.json.gz and top_ops.txt.",
+        allow_abbrev=False,
+    )
+    _add_run_options(profile)
+    profile.add_argument(
+        "--iterations", default="3", metavar="N", help="timed iterations (default: 3)"
+    )
+    profile.add_argument(
+        "--warmup", default="1", metavar="N", help="untimed iterations first (default: 1)"
+    )
+    profile.add_argument(
+        "--out", default=None, metavar="DIR", help="output directory (default: rllib_ext_runs/)"
+    )
+    profile.add_argument(
+        "--stock",
+        action="store_true",
+        help="profile RLlib's own PPOConfig and learner (no rllib_ext component)",
+    )
+    profile.add_argument(
+        "--no-trace", action="store_true", help="skip the PyTorch profiler trace iteration"
+    )
+    profile.set_defaults(handler=_cmd_profile)
 
     evaluate = commands.add_parser(
         "evaluate", help="greedy episodes with a trained checkpoint", allow_abbrev=False
@@ -91,6 +106,22 @@ def _build_parser() -> _Parser:
     return parser
 
 
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        metavar="FILE.yaml",
+        help="YAML file with the flags' keys (e.g. 'num_env_runners: 1'); command-line flags win",
+    )
+    for option in ALL_OPTIONS:
+        parser.add_argument(
+            option.flag,
+            dest=option.key,
+            metavar=option.metavar or option.key.upper(),
+            default=argparse.SUPPRESS,
+            help=f"{option.help} (default: {option.default!r})",
+        )
+
+
 def _option_values(args: argparse.Namespace) -> dict[str, str]:
     return {o.key: getattr(args, o.key) for o in ALL_OPTIONS if hasattr(args, o.key)}
 
@@ -103,6 +134,31 @@ def _cmd_train(args: argparse.Namespace) -> int:
     result = train(settings, progress=args.progress)
     print(summary_table(result))
     return EXIT_INTERRUPTED if result.interrupted else EXIT_OK
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from rllib_ext.cli.profile import profile, render
+    from rllib_ext.cli.runconfig import EXTENSION_OPTIONS, resolve_settings
+
+    values = _option_values(args)
+    if args.stock:
+        given = [o.flag for o in EXTENSION_OPTIONS if o.key in values]
+        if given:
+            raise CLIError(
+                f"--stock profiles RLlib's own PPO, which has no {', '.join(given)}. "
+                "Fix: drop --stock to profile rllib_ext, or drop those flags."
+            )
+    settings = resolve_settings(values, config_file=args.config)
+    result = profile(
+        settings,
+        iterations=args.iterations,
+        warmup=args.warmup,
+        out_dir=args.out,
+        stock=args.stock,
+        trace=not args.no_trace,
+    )
+    print(render(result))
+    return EXIT_OK
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
@@ -178,7 +234,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0)
     if getattr(args, "handler", None) is None:
         parser.print_help(sys.stderr)
-        return _error("choose a command: train, evaluate or doctor. Fix: e.g. 'rllib-ext train'.")
+        return _error(
+            "choose a command: train, evaluate, profile or doctor. Fix: e.g. 'rllib-ext train'."
+        )
     _configure_logging()
     try:
         return args.handler(args)
