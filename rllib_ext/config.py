@@ -83,6 +83,15 @@ def _model_overrides(model: Any) -> dict[str, Any]:
     return model
 
 
+SHARED_POLICY_ID = "shared_policy"
+"""The policy every SMAC agent maps to when the config leaves policies unset."""
+
+
+def shared_policy_mapping(agent_id: Any, *args: Any, **kwargs: Any) -> str:
+    """Policy mapping of parameter sharing: every agent -> :data:`SHARED_POLICY_ID`."""
+    return SHARED_POLICY_ID
+
+
 class PPOConfig(_RLlibPPOConfig):
     """RLlib's ``PPOConfig`` plus the rllib_ext flags (see :mod:`rllib_ext.settings`)."""
 
@@ -149,6 +158,7 @@ class PPOConfig(_RLlibPPOConfig):
 
     @override(_RLlibPPOConfig)
     def validate(self) -> None:
+        self._setup_smac()
         if self.extension_settings.amp.amp_inference:
             self._use_amp_env_runners()
         super().validate()
@@ -163,6 +173,41 @@ class PPOConfig(_RLlibPPOConfig):
             num_gpus_per_learner=self.num_gpus_per_learner,
         ):
             logger.warning(message)
+
+    def _setup_smac(self) -> None:
+        """For a SMAC env, fills in what the user left at RLlib's defaults (idempotent).
+
+        * policies: one ``"shared_policy"`` for all agents (parameter sharing, the SMAC norm);
+        * RLModule: :class:`~rllib_ext.modules.MaskedPPOTorchRLModule` per policy, with the
+          central critic when ``.rl_module(model_config={"central_critic": True})``;
+        * callbacks: :class:`~rllib_ext.envs.smac.SMACMetricsCallback` added (``win_rate``...).
+
+        Explicit ``.multi_agent()``, ``.rl_module(rl_module_spec=...)`` and callbacks are kept.
+        """
+        from rllib_ext.envs import is_smac_env
+
+        if not is_smac_env(self.env):
+            return
+        from rllib_ext.envs.smac import SMACMetricsCallback
+        from rllib_ext.modules import CENTRAL_CRITIC_KEY, smac_module_spec
+
+        if not self.is_multi_agent:
+            self.multi_agent(policies={SHARED_POLICY_ID}, policy_mapping_fn=shared_policy_mapping)
+        if self._rl_module_spec is None:
+            central = bool(self._model_config_dict().get(CENTRAL_CRITIC_KEY, False))
+            self.rl_module(
+                rl_module_spec=smac_module_spec(
+                    policy_ids=sorted(self.policies), central_critic=central
+                )
+            )
+        callbacks = self.callbacks_class
+        classes = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
+        if not any(isinstance(c, type) and issubclass(c, SMACMetricsCallback) for c in classes):
+            from ray.rllib.callbacks.callbacks import RLlibCallback
+
+            classes = [c for c in classes if c not in (None, RLlibCallback)]
+            classes.append(SMACMetricsCallback)
+            self.callbacks(classes if len(classes) > 1 else classes[0])
 
     def _use_amp_env_runners(self) -> None:
         from rllib_ext.env_runners import AMPMultiAgentEnvRunner, AMPSingleAgentEnvRunner

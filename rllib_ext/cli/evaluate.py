@@ -29,6 +29,12 @@ class EvaluationResult:
     checkpoint: Path
     env: str
     returns: tuple[float, ...]
+    wins: tuple[bool, ...] = ()
+    """SMAC envs: ``battle_won`` of each episode (empty for envs without battles)."""
+
+    @property
+    def win_rate(self) -> float | None:
+        return float(np.mean(self.wins)) if self.wins else None
 
     @property
     def mean(self) -> float:
@@ -56,7 +62,10 @@ def load_checkpoint_config(checkpoint: Path) -> Any:
         ) from None
 
 
-def _run_single_agent(config: Any, checkpoint: Path, episodes: int) -> list[float]:
+Episodes = list[Any]
+
+
+def _run_single_agent(config: Any, checkpoint: Path, episodes: int) -> Episodes:
     from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
     runner = SingleAgentEnvRunner(config=config)
@@ -65,14 +74,13 @@ def _run_single_agent(config: Any, checkpoint: Path, episodes: int) -> list[floa
         # The EnvRunner holds one RLModule; the learner's copy of the policy is the trained one.
         module_dir = checkpoint / "learner_group" / "learner" / "rl_module" / "default_policy"
         runner.restore_from_path(module_dir, component="rl_module")
-        sampled = runner.sample(num_episodes=episodes, explore=False)
-        return [float(e.get_return()) for e in sampled[:episodes]]
+        return runner.sample(num_episodes=episodes, explore=False)[:episodes]
     finally:
         runner.stop()
 
 
-def _run_multi_agent(config: Any, checkpoint: Path, episodes: int) -> list[float]:
-    """Hook for multi-agent checkpoints (SMAC, PettingZoo): returns summed over agents."""
+def _run_multi_agent(config: Any, checkpoint: Path, episodes: int) -> Episodes:
+    """Multi-agent checkpoints (SMAC, PettingZoo): episode returns are summed over agents."""
     from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
 
     runner = MultiAgentEnvRunner(config=config)
@@ -80,13 +88,12 @@ def _run_multi_agent(config: Any, checkpoint: Path, episodes: int) -> list[float
         runner.restore_from_path(checkpoint / "env_runner")
         module_dir = checkpoint / "learner_group" / "learner" / "rl_module"
         runner.restore_from_path(module_dir, component="rl_module")
-        sampled = runner.sample(num_episodes=episodes, explore=False)
-        return [float(e.get_return()) for e in sampled[:episodes]]
+        return runner.sample(num_episodes=episodes, explore=False)[:episodes]
     finally:
         runner.stop()
 
 
-_EPISODE_RUNNERS: dict[bool, Callable[[Any, Path, int], list[float]]] = {
+_EPISODE_RUNNERS: dict[bool, Callable[[Any, Path, int], Episodes]] = {
     False: _run_single_agent,
     True: _run_multi_agent,
 }
@@ -127,5 +134,14 @@ def evaluate(
     config.env_runners(num_env_runners=0, num_envs_per_env_runner=1, explore=False)
     if seed is not None:
         config.debugging(seed=seed)
-    returns = _EPISODE_RUNNERS[bool(config.is_multi_agent)](config, path, episodes)
-    return EvaluationResult(checkpoint=path, env=str(config.env), returns=tuple(returns))
+    from rllib_ext.envs.smac import battle_info
+
+    played = _EPISODE_RUNNERS[bool(config.is_multi_agent)](config, path, episodes)
+    infos = [battle_info(e) for e in played]
+    wins = tuple(bool(i["battle_won"]) for i in infos if i is not None)
+    return EvaluationResult(
+        checkpoint=path,
+        env=str(config.env),
+        returns=tuple(float(e.get_return()) for e in played),
+        wins=wins if len(wins) == len(played) else (),
+    )

@@ -194,6 +194,10 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         f"mean return: {result.mean:.2f} +/- {result.std:.2f} "
         f"(min {min(returns):.2f}, max {max(returns):.2f})"
     )
+    if result.win_rate is not None:
+        print(
+            f"win rate: {result.win_rate:.3f} ({sum(result.wins)}/{len(result.wins)} battles won)"
+        )
     return EXIT_OK
 
 

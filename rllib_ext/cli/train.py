@@ -57,6 +57,8 @@ class TrainResult:
     stop_reason: str
     """``stop_reward``, ``stop_timesteps``, ``time_budget`` or ``interrupted``."""
     settings: TrainSettings
+    win_rate: float | None = None
+    """SMAC envs: ``env_runners/win_rate`` of the last iteration (``None`` otherwise)."""
 
     @property
     def interrupted(self) -> bool:
@@ -352,6 +354,7 @@ def train(
         train_time_s=outcome.stopped_at - build_started,
         stop_reason=outcome.stop_reason,
         settings=settings,
+        win_rate=last.get("env_runners", {}).get("win_rate"),
     )
     _write_summary(result, config)
     return result
@@ -364,6 +367,7 @@ def _write_summary(result: TrainResult, config: Any) -> None:
 
     summary = {
         "episode_return_mean": result.episode_return_mean,
+        "win_rate": result.win_rate,
         "env_steps": result.env_steps,
         "iterations": result.iterations,
         "wall_time_s": round(result.wall_time_s, 3),
@@ -391,6 +395,7 @@ def summary_table(result: TrainResult) -> str:
     return format_summary(
         [
             ("episode_return_mean", result.episode_return_mean),
+            *([("win_rate", result.win_rate)] if result.win_rate is not None else []),
             ("env_steps", result.env_steps),
             ("iterations", result.iterations),
             ("train_time_s", result.train_time_s),

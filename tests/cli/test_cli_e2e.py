@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import os
 import shutil
@@ -153,3 +154,25 @@ def test_evaluate_plays_a_multi_agent_checkpoint(
     assert main(["evaluate", str(checkpoint), "--episodes", "2"]) == 0
     out = capsys.readouterr().out
     assert "cli_test_two_cartpoles" in out and "mean return:" in out
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("jaxmarl") is None,
+    reason='needs jaxmarl: pip install "rllib-ext[smax]"',
+)
+@pytest.mark.usefixtures("ray_session")
+def test_train_and_evaluate_smac_v2_report_win_rate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "smac"
+    argv = ["train", "--env", "smac_v2", "--env-config", '{"map_name": "3m"}', "--seed", "0"]
+    argv += ["--stop-timesteps", "600", "--num-envs-per-env-runner", "2", "--no-progress"]
+    argv += ["--training", '{"train_batch_size_per_learner": 600, "minibatch_size": 200}']
+    assert main([*argv, "--run-dir", str(run_dir)]) == 0
+    assert "win_rate" in capsys.readouterr().out
+    summary = _summary(run_dir)
+    assert 0.0 <= summary["win_rate"] <= 1.0  # SMACMetricsCallback added by rllib_ext.PPOConfig
+
+    assert main(["evaluate", str(run_dir), "--episodes", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "episodes: 3" in out and "win rate:" in out and "/3 battles won" in out

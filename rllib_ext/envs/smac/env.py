@@ -96,8 +96,9 @@ class SMACEnv(MultiAgentEnv):
         self.settings = SMACEnvSettings.from_env_config(config)
         seed = derive_seed(
             self.settings.seed,
-            int(getattr(config, "worker_index", 0)),
-            int(getattr(config, "vector_index", 0)),
+            # An EnvContext outside Ray (e.g. a local EnvRunner) may hold None here.
+            int(getattr(config, "worker_index", 0) or 0),
+            int(getattr(config, "vector_index", 0) or 0),
         )
         self.backend: Backend = make_backend(self.settings, seed)
         spec = self.backend.spec
