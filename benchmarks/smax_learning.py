@@ -183,7 +183,14 @@ def _config(args: argparse.Namespace) -> Any:
     register_envs()
     return (
         rllib_ext.PPOConfig()
-        .environment("smax", env_config={"map_name": args.map, "seed": args.seed})
+        .environment(
+            "smax",
+            env_config={
+                "map_name": args.map,
+                "seed": args.seed,
+                "smax_options": json.loads(args.smax_options),
+            },
+        )
         .multi_agent(
             policies={"shared_policy"},
             policy_mapping_fn=lambda agent_id, *a, **kw: "shared_policy",
@@ -215,7 +222,9 @@ def _config(args: argparse.Namespace) -> Any:
     )
 
 
-def _greedy_win_rate(module: Any, map_name: str, episodes: int, seed: int) -> tuple[float, int]:
+def _greedy_win_rate(
+    module: Any, map_name: str, episodes: int, seed: int, smax_options: dict | None = None
+) -> tuple[float, int]:
     """Greedy (argmax) win rate over fresh episodes, and the env steps the spy checked."""
     import torch
     from ray.rllib.core.columns import Columns
@@ -223,7 +232,7 @@ def _greedy_win_rate(module: Any, map_name: str, episodes: int, seed: int) -> tu
     from rllib_ext.envs.smac import SMACEnv
     from rllib_ext.testing import BackendSpy
 
-    env = SMACEnv({"map_name": map_name, "backend": "smax"})
+    env = SMACEnv({"map_name": map_name, "backend": "smax", "smax_options": smax_options or {}})
     # Raises if a masked action ever reaches SMAX (the wrapper itself also rejects them).
     spy = BackendSpy.install(env, record=False)
     agents = env.possible_agents
@@ -283,6 +292,7 @@ def learn(args: argparse.Namespace) -> None:
                     args.map,
                     args.eval_episodes_periodic,
                     args.seed + iteration,
+                    json.loads(args.smax_options),
                 )
                 row["greedy_win_rate"] = round(greedy, 3)
                 if reached is None and greedy >= args.target_win_rate:
@@ -294,7 +304,11 @@ def learn(args: argparse.Namespace) -> None:
             if steps >= args.max_env_steps or elapsed >= args.max_wall_s:
                 break
         greedy, checked_steps = _greedy_win_rate(
-            algo.get_module("shared_policy"), args.map, args.eval_episodes, args.seed
+            algo.get_module("shared_policy"),
+            args.map,
+            args.eval_episodes,
+            args.seed,
+            json.loads(args.smax_options),
         )
         print(
             json.dumps(
@@ -347,6 +361,11 @@ def main() -> None:
     lp.add_argument("--eval-episodes-periodic", type=int, default=100)
     lp.add_argument("--kl-coeff", type=float, default=0.0, help="0 disables the KL loss")
     lp.add_argument("--seed", type=int, default=0)
+    lp.add_argument(
+        "--smax-options",
+        default="{}",
+        help="HeuristicEnemySMAX arguments as JSON, e.g. '{\"see_enemy_actions\": true}'",
+    )
     args = parser.parse_args()
     throughput(args) if args.command == "throughput" else learn(args)
 
