@@ -163,15 +163,17 @@ def codec_ms(model: nn.Module, world_size: int) -> dict[str, float]:
         out.copy_(out.to(torch.bfloat16))
 
     residual = torch.zeros(numel)
+    rms = grads.abs() + 1e-3
     workspace = torch.empty(numel, dtype=torch.bool)
     scratch = torch.empty(numel)
 
     def onebit() -> None:
-        corrected = residual.add_(grads)
+        # As the learner's hook after warm-up: compress g / rms, decode times rms.
+        corrected = residual.addcdiv_(grads, rms)
         packed, scale = compression.onebit_encode(corrected, workspace=workspace, signs=scratch)
         compression.onebit_residual_(corrected, scale, signs=scratch)
         payloads = compression.pack_onebit_payload(packed, scale).repeat(world_size, 1)
-        compression.onebit_decode_mean(payloads, numel, out=out)
+        compression.onebit_decode_mean(payloads, numel, out=out).mul_(rms)
 
     matrices, offset = [], 0
     for param in model.parameters():
@@ -233,8 +235,13 @@ def run_worker(args: argparse.Namespace) -> None:
                 state = BF16State(transport="allgather")
                 ddp.register_comm_hook(state, bf16_hook)
             elif name != "allreduce":
+                # PowerSGD and 1-bit warm up with plain steps (as in the learner); the timed
+                # steps come after --warmup >= 3 steps, so they are compressed.
                 hook, state = make_comm_hook(
-                    name, powersgd_rank=POWERSGD_RANK, powersgd_start_iter=2
+                    name,
+                    powersgd_rank=POWERSGD_RANK,
+                    powersgd_start_iter=2,
+                    onebit_warmup_steps=2,
                 )
                 ddp.register_comm_hook(state, hook)
             for _ in range(args.warmup):  # PowerSGD compresses from step 2 on

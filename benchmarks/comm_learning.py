@@ -118,12 +118,14 @@ def main() -> None:
 
     print("\n| compressor | runs reaching 450 | mean env steps to 450 | ratio vs none |")
     print("|---|---|---|---|")
-    base = statistics.mean(r.env_steps for r in runs if r.compressor == "none")
+    plain = [r.env_steps for r in runs if r.compressor == "none"]
+    base = statistics.mean(plain) if plain else None
     for name in args.compressors:
         mine = [r for r in runs if r.compressor == name]
         mean = statistics.mean(r.env_steps for r in mine)
         reached = sum(r.reached for r in mine)
-        print(f"| {name} | {reached}/{len(mine)} | {mean:,.0f} | {mean / base:.2f}x |")
+        ratio = f"{mean / base:.2f}x" if base else "-"
+        print(f"| {name} | {reached}/{len(mine)} | {mean:,.0f} | {ratio} |")
     print(f"\nmax weight difference between ranks: {max(r.max_weight_diff for r in runs):.1e}")
     if args.json:
         with open(args.json, "w") as f:

@@ -168,6 +168,11 @@ class CompressionSettings:
     compression_error_feedback: bool = True
     """PowerSGD/1-bit: carry the compression error into the next step (per rank)."""
 
+    onebit_warmup_steps: int = 100
+    """1-bit: plain all-reduce for this many update steps, recording each gradient element's
+    RMS; then 1-bit compression of ``g / rms`` (the frozen RMS, identical on all ranks), the
+    1-bit Adam recipe. 0 = plain scaled-sign 1-bit from the first step."""
+
     comm_backend: Literal["auto", "nccl", "gloo"] = "auto"
     """Process-group backend the learners communicate over; ``"auto"``: NCCL on GPU learners,
     gloo on CPU learners (Ray Train's choice). Checked against the learners' resources."""
@@ -191,6 +196,13 @@ class CompressionSettings:
             and self.powersgd_start_iter >= (2 if self.compression_error_feedback else 1),
             "an integer >= 2 with error feedback (DDP rebuilds its buckets after step 1), else >= 1",
             10,
+        )
+        _check_number(
+            "onebit_warmup_steps",
+            self.onebit_warmup_steps,
+            isinstance(self.onebit_warmup_steps, int) and self.onebit_warmup_steps >= 0,
+            "an integer >= 0",
+            100,
         )
         if not isinstance(self.compression_error_feedback, bool):
             raise ValueError(

@@ -23,7 +23,11 @@ from rllib_ext.distributed._base import (
 )
 from rllib_ext.ops import compression
 
-__all__ = ["OneBitState", "onebit_hook"]
+__all__ = ["PRECONDITIONER_FLOOR", "OneBitState", "onebit_hook"]
+
+PRECONDITIONER_FLOOR = 1e-4
+"""Smallest preconditioner, relative to the bucket's mean RMS: a parameter that had (almost) no
+gradient during warm-up would otherwise amplify its later gradients without bound."""
 
 
 class OneBitState(CommHookState):
@@ -35,12 +39,21 @@ class OneBitState(CommHookState):
             what was sent`` and add it to the next gradient (Karimireddy et al. 2019). Without
             it sign compression is biased and the error of the summed updates grows linearly.
             Costs one fp32 copy of the gradients (plus one scratch copy of the largest bucket).
+        warmup_steps: plain averaging all-reduces first, recording each element's gradient
+            RMS; then compress ``g / rms`` and decode times ``rms`` (see :func:`onebit_hook`).
+            Costs one more fp32 copy of the gradients. 0 = plain scaled-sign compression.
     """
 
     hook_name = "onebit"
     __slots__ = (
         # Hyper-parameters.
         "error_feedback",
+        "warmup_steps",
+        # Shared state (identical on every rank): steps seen, and per bucket the sum and count
+        # of squared averaged gradients during warm-up, then the frozen preconditioner.
+        "step",
+        "second_moments",
+        "preconditioners",
         # Internal state, private to this rank: bucket index -> fp32 residual, bucket index ->
         # parameter-size fingerprint of the layout the residual belongs to, and restored
         # residuals waiting for their layout.
@@ -53,15 +66,28 @@ class OneBitState(CommHookState):
     )
 
     def __init__(
-        self, process_group: dist.ProcessGroup | None = None, *, error_feedback: bool = True
+        self,
+        process_group: dist.ProcessGroup | None = None,
+        *,
+        error_feedback: bool = True,
+        warmup_steps: int = 0,
     ) -> None:
         if not isinstance(error_feedback, bool):
             raise TypeError(
                 f"error_feedback={error_feedback!r} must be a bool (True or False). "
                 "Fix: pass error_feedback=True (recommended) or False."
             )
+        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+            raise ValueError(
+                f"warmup_steps={warmup_steps!r} must be an integer >= 0. "
+                "Fix: e.g. warmup_steps=100 (0 = plain 1-bit from the first step)."
+            )
         super().__init__(process_group)
         self.error_feedback = error_feedback
+        self.warmup_steps = warmup_steps
+        self.step = 0
+        self.second_moments: dict[int, tuple[tuple[int, ...], torch.Tensor, int]] = {}
+        self.preconditioners: dict[int, tuple[tuple[int, ...], torch.Tensor]] = {}
         self.residuals: dict[int, torch.Tensor] = {}
         self.fingerprints: dict[int, tuple[int, ...]] = {}
         self._pending = _PendingBuckets()
@@ -69,7 +95,65 @@ class OneBitState(CommHookState):
         self._scratch: torch.Tensor | None = None
 
     def _hyper_parameters(self) -> tuple[str, ...]:
-        return ("error_feedback",)
+        return ("error_feedback", "warmup_steps")
+
+    def _accumulate_moment(self, bucket: dist.GradBucket, averaged: torch.Tensor) -> None:
+        fingerprint = bucket_fingerprint(bucket)
+        entry = self.second_moments.get(bucket.index())
+        if entry is None or entry[0] != fingerprint:
+            entry = (fingerprint, torch.zeros_like(averaged, dtype=torch.float32), 0)
+        _, total, count = entry
+        total.addcmul_(averaged, averaged)
+        self.second_moments[bucket.index()] = (fingerprint, total, count + 1)
+
+    def _plan(self, bucket: dist.GradBucket) -> tuple[bool, torch.Tensor | None]:
+        """``(warm_up, preconditioner)`` for this call on ``bucket``.
+
+        Decided per bucket when the hook is called (in the backward pass), from counts that the
+        previous steps' callbacks completed before this backward began: callback order within
+        a step cannot change it, and every rank decides the same (same layouts, same averaged
+        gradients). A bucket whose layout changes (DDP's rebuild) warms up again.
+        """
+        index, fingerprint = bucket.index(), bucket_fingerprint(bucket)
+        device = bucket.buffer().device
+        entry = self.preconditioners.get(index)
+        if entry is not None and entry[0] == fingerprint:
+            return False, entry[1].to(device)
+        if self.warmup_steps == 0:
+            return False, None
+        moment = self.second_moments.get(index)
+        if moment is None or moment[0] != fingerprint or moment[2] < self.warmup_steps:
+            return True, None
+        # End of warm-up: preconditioner = RMS of the averaged gradients, floored so that a
+        # parameter with (almost) no gradient during warm-up cannot get an unbounded gain.
+        _, total, count = self.second_moments.pop(index)
+        rms = total.div_(count).sqrt_()
+        rms.clamp_(min=PRECONDITIONER_FLOOR * float(rms.mean()) + 1e-30)
+        self.preconditioners[index] = (fingerprint, rms)
+        return False, rms.to(device)
+
+    def _shared_state(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "second_moments": {
+                i: {"fingerprint": list(f), "sum": t, "count": c}
+                for i, (f, t, c) in self.second_moments.items()
+            },
+            "preconditioners": {
+                i: {"fingerprint": list(f), "rms": t} for i, (f, t) in self.preconditioners.items()
+            },
+        }
+
+    def _load_shared(self, shared: Any) -> None:
+        self.step = int(shared.get("step", 0))
+        self.second_moments = {
+            int(i): (tuple(e["fingerprint"]), e["sum"].float(), int(e["count"]))
+            for i, e in shared.get("second_moments", {}).items()
+        }
+        self.preconditioners = {
+            int(i): (tuple(e["fingerprint"]), e["rms"].float())
+            for i, e in shared.get("preconditioners", {}).items()
+        }
 
     def _residual_for(self, bucket: dist.GradBucket) -> torch.Tensor:
         """The residual of this bucket, matching its current layout (zeros if none)."""
@@ -130,6 +214,14 @@ class OneBitState(CommHookState):
 def onebit_hook(state: OneBitState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """1-bit (scaled sign) compression with per-rank error feedback, exchanged by all-gather.
 
+    With ``state.warmup_steps > 0`` the first steps are plain averaging all-reduces that also
+    record each gradient element's RMS; afterwards the hook compresses ``g / rms`` (frozen,
+    identical on all ranks) and multiplies the decoded mean back by ``rms``: the 1-bit Adam
+    recipe (Tang et al. 2021, https://arxiv.org/abs/2102.02888) moved into the hook. Without
+    it every element arrives with the bucket's one magnitude, Adam's second moment tracks
+    that instead of the element's own gradient scale, and small-gradient parameters learn
+    slowly (CartPole, 2 learners: 2.2x the env steps of uncompressed to reach 450).
+
     Each rank sends ``ceil(n/8)`` bytes of sign bits plus one fp32 scale ``mean(|c|)`` of
     ``c = gradient + residual``; every rank decodes ``mean_r scale_r * sign_r`` in rank order,
     so all ranks hold bit-identical gradients. Signs cannot be summed by an all-reduce, hence
@@ -140,10 +232,21 @@ def onebit_hook(state: OneBitState, bucket: dist.GradBucket) -> torch.futures.Fu
     world_size = group.size()
     buffer = bucket.buffer()
     numel, index = buffer.numel(), bucket.index()
+    if bucket.is_last():
+        state.step += 1
+    warm_up, precond = state._plan(bucket)
+    if warm_up:
+        return _warmup_allreduce(state, bucket, start)
     if state.error_feedback:
-        corrected = state._residual_for(bucket).add_(buffer)
-    else:
+        corrected = state._residual_for(bucket)
+        if precond is None:
+            corrected.add_(buffer)
+        else:
+            corrected.addcdiv_(buffer, precond)
+    elif precond is None:
         corrected = buffer if buffer.dtype == torch.float32 else buffer.float()
+    else:
+        corrected = buffer.float().div_(precond)
     workspace = state._sign_workspace(index, numel, buffer.device)
     signs = state._scratch_for(numel, buffer.device) if corrected.dtype == torch.float32 else None
     packed, scale = compression.onebit_encode(corrected, workspace=workspace, signs=signs)
@@ -169,6 +272,8 @@ def onebit_hook(state: OneBitState, bucket: dist.GradBucket) -> torch.futures.Fu
             compression.onebit_decode_mean(payloads, numel, out=buffer)
         else:
             buffer.copy_(compression.onebit_decode_mean(payloads, numel))
+        if precond is not None:
+            buffer.mul_(precond)
         scales = payloads[:, :4].clone().view(torch.float32)
         end = time.perf_counter()
         state._record(
@@ -185,3 +290,32 @@ def onebit_hook(state: OneBitState, bucket: dist.GradBucket) -> torch.futures.Fu
         return buffer
 
     return future.then(decompress)
+
+
+def _warmup_allreduce(
+    state: OneBitState, bucket: dist.GradBucket, start: float
+) -> torch.futures.Future[torch.Tensor]:
+    """Warm-up step: DDP's plain averaging all-reduce, plus the squared-gradient sum that
+    becomes the frozen preconditioner (identical on every rank: it sees averaged gradients)."""
+    group = state._group()
+    world_size = group.size()
+    buffer = bucket.buffer()
+    nbytes = buffer.numel() * buffer.element_size()
+    buffer.div_(world_size)
+    future = dist.all_reduce(buffer, group=group, async_op=True).get_future()
+
+    def finish(fut: torch.futures.Future[Any]) -> torch.Tensor:
+        fut.wait()
+        finite = bool(torch.isfinite(buffer).all())
+        if finite:  # an AMP overflow step must not poison the preconditioner
+            state._accumulate_moment(bucket, buffer.float())
+        state._record(
+            bytes_sent=allreduce_wire_bytes(nbytes, world_size),
+            bytes_uncompressed=allreduce_wire_bytes(buffer.numel() * 4, world_size),
+            comm_time_s=time.perf_counter() - start,
+            is_last=bucket.is_last(),
+            nonfinite=not finite,
+        )
+        return buffer
+
+    return future.then(finish)

@@ -276,6 +276,7 @@ def make_comm_hook(
     powersgd_start_iter: int = 1_000,
     error_feedback: bool = True,
     bf16_transport: str = "auto",
+    onebit_warmup_steps: int = 0,
 ) -> tuple[CommHook, CommHookState]:
     """Builds ``(hook, state)`` for ``ddp_module.register_comm_hook(state, hook)``.
 
@@ -290,6 +291,7 @@ def make_comm_hook(
             Ignored by other hooks.
         error_feedback: error feedback for ``powersgd`` and ``onebit``. Ignored by others.
         bf16_transport: see :class:`BF16State`. Ignored by other hooks.
+        onebit_warmup_steps: see :class:`OneBitState` (``warmup_steps``). Ignored by others.
 
     Raises:
         ValueError: unknown ``name`` or invalid hyper-parameters.
@@ -305,7 +307,9 @@ def make_comm_hook(
     elif name == "bf16":
         state = BF16State(process_group, transport=bf16_transport)
     elif name == "onebit":
-        state = OneBitState(process_group, error_feedback=error_feedback)
+        state = OneBitState(
+            process_group, error_feedback=error_feedback, warmup_steps=onebit_warmup_steps
+        )
     else:
         state = PowerSGDHookState(
             process_group,

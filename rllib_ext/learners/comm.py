@@ -48,6 +48,7 @@ class CommCompression:
                 powersgd_rank=s.powersgd_rank,
                 powersgd_start_iter=s.powersgd_start_iter,
                 error_feedback=s.compression_error_feedback,
+                onebit_warmup_steps=s.onebit_warmup_steps,
             )
             sub.register_comm_hook(state, hook)
             self.states[mid] = state

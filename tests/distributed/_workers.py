@@ -35,6 +35,7 @@ from rllib_ext.distributed import (
     onebit_hook,
     powersgd_hook,
 )
+from rllib_ext.distributed._onebit import PRECONDITIONER_FLOOR
 from rllib_ext.distributed.comm_hooks import _gloo_supports_bf16
 
 WORLD_SIZE = 2
@@ -241,6 +242,49 @@ def check_onebit_error_feedback(rank: int) -> dict[str, Any]:
     }
 
 
+def check_onebit_warmup_then_preconditioned(rank: int) -> dict[str, Any]:
+    """warmup_steps=3: three exact averaging all-reduces that record the RMS; then 1-bit of
+    g / rms decoded times rms (each element keeps its own scale), identical on all ranks; the
+    frozen preconditioner survives get_state/set_state."""
+    scales = torch.cat([torch.full((200,), 10.0), torch.full((56,), 0.01)])
+    state = OneBitState(warmup_steps=3)
+
+    def grad(t: int, r: int) -> torch.Tensor:
+        return scales * torch.randn(256, generator=torch.Generator().manual_seed(100 * t + r))
+
+    squares = torch.zeros(256)
+    for t in range(3):
+        decoded = _run(onebit_hook, state, [grad(t, rank)])
+        mean = (grad(t, 0) + grad(t, 1)) / 2
+        torch.testing.assert_close(decoded, mean)
+        squares += mean * mean
+    assert state.step == 3 and not state.preconditioners  # frozen at the next call
+    stats = state.pop_stats()
+    assert stats["compression_ratio"] == 1.0, stats  # warm-up sent plain fp32
+    restored = OneBitState(warmup_steps=3)
+    restored.set_state(state.get_state())  # mid-way: the moments travel as shared state
+    decoded = _run(onebit_hook, state, [grad(3, rank)])
+    again = _run(onebit_hook, restored, [grad(3, rank)])
+    torch.testing.assert_close(decoded, again)  # same preconditioner, zero residual: same
+    _assert_same_on_all_ranks(decoded, "onebit preconditioned")
+    rms = state.preconditioners[0][1]
+    want_rms = (squares / 3).sqrt()
+    torch.testing.assert_close(rms, want_rms.clamp(min=PRECONDITIONER_FLOOR * want_rms.mean()))
+    floor = PRECONDITIONER_FLOOR * float(want_rms.mean())
+    assert (want_rms[200:] > floor).all()  # 1000x smaller gradients stay above the floor
+    assert restored.step == 4 and torch.equal(restored.preconditioners[0][1], rms)
+    frozen = OneBitState(warmup_steps=3)
+    frozen.set_state(restored.get_state())
+    assert torch.equal(frozen.preconditioners[0][1], rms)  # the frozen RMS is checkpointed
+    normalized = [grad(3, r) / rms for r in range(WORLD_SIZE)]
+    want = torch.stack([n.abs().mean() * torch.sign(n) for n in normalized]).mean(0) * rms
+    torch.testing.assert_close(decoded, want, rtol=1e-4, atol=0.0)
+    small = decoded[200:].abs().max() / decoded[:200].abs().max()
+    assert small < 1e-2, small  # the small-gradient tensor keeps its own scale
+    assert state.pop_stats()["compression_ratio"] > 25
+    return {"small_over_big": float(small)}
+
+
 def check_onebit_nonfinite_and_state(rank: int) -> dict[str, Any]:
     """inf on one rank -> non-finite decode on all ranks, residual restarts finite; checkpoint
     state restores this rank's residual; pickling drops the process group."""
@@ -399,10 +443,35 @@ def check_ddp_all_hooks(rank: int) -> dict[str, Any]:
     return out
 
 
+def check_onebit_warmup_under_ddp(rank: int) -> dict[str, Any]:
+    """Several buckets per backward (DDP rebuilds them after step 1): warm-up then
+    preconditioned 1-bit, identical gradients and weights on both ranks at every step."""
+    hook, state = make_comm_hook("onebit", onebit_warmup_steps=2)
+    model = _ddp(_mlp(3))
+    model.register_comm_hook(state, hook)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    ratios = []
+    torch.manual_seed(500 + rank)
+    for _ in range(6):
+        _backward(model, torch.randn(16, 8))
+        for g in _grads(model):
+            _assert_same_on_all_ranks(g, "onebit warm-up ddp")
+            assert torch.isfinite(g).all()
+        optimizer.step()
+        ratios.append(state.pop_stats()["compression_ratio"])
+    for p in model.parameters():
+        _assert_same_on_all_ranks(p.detach(), "onebit warm-up params")
+    assert len(state.preconditioners) >= 2, state.preconditioners.keys()  # one per bucket
+    assert ratios[0] == 1.0 and ratios[-1] > 10, ratios
+    return {"ratios": [round(r, 1) for r in ratios]}
+
+
 CHECKS = [
     check_fp16_matches_torch,
     check_bf16_on_gloo,
     check_onebit_error_feedback,
+    check_onebit_warmup_then_preconditioned,
+    check_onebit_warmup_under_ddp,
     check_onebit_nonfinite_and_state,
     check_powersgd,
     check_ddp_all_hooks,

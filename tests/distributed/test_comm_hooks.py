@@ -77,6 +77,16 @@ def test_onebit_error_feedback_bounded_over_200_steps(two_rank_results):
     assert info["no_ef_err_200"] >= 10 * info["ef_err_200"]
 
 
+def test_onebit_warmup_then_preconditioned_keeps_element_scales(two_rank_results):
+    info = _assert_ok(two_rank_results, "check_onebit_warmup_then_preconditioned")
+    assert info["small_over_big"] < 1e-2
+
+
+def test_onebit_warmup_under_ddp_with_several_buckets(two_rank_results):
+    info = _assert_ok(two_rank_results, "check_onebit_warmup_under_ddp")
+    assert info["ratios"][0] == 1.0 and info["ratios"][-1] > 10
+
+
 def test_onebit_overflow_checkpoint_and_pickling(two_rank_results):
     _assert_ok(two_rank_results, "check_onebit_nonfinite_and_state")
 

@@ -37,7 +37,9 @@ def _weights_per_rank(algo) -> list[list[torch.Tensor]]:
     ("compressor", "min_ratio"), [("fp16", 1.9), ("bf16", 1.0), ("powersgd", 1.0), ("onebit", 8.0)]
 )
 def test_each_compressor_is_active_and_ranks_stay_identical(compressor, min_ratio) -> None:
-    algo = _config(grad_compression=compressor, powersgd_start_iter=2).build_algo()
+    algo = _config(
+        grad_compression=compressor, powersgd_start_iter=2, onebit_warmup_steps=2
+    ).build_algo()
     try:
         for _ in range(2):
             result = algo.train()
@@ -63,7 +65,8 @@ def test_uncompressed_run_has_no_comm_metrics() -> None:
 
 
 def test_onebit_with_fp16_amp_trains_and_restores(tmp_path) -> None:
-    algo = _config(grad_compression="onebit", amp="fp16").build_algo()
+    # 4 SGD steps per iteration: steps 0-1 warm up, 2-3 compress (preconditioned).
+    algo = _config(grad_compression="onebit", amp="fp16", onebit_warmup_steps=2).build_algo()
     try:
         algo.train()
         path = algo.save_to_path(str(tmp_path / "ckpt"))
@@ -74,6 +77,8 @@ def test_onebit_with_fp16_amp_trains_and_restores(tmp_path) -> None:
         result = restored.train()
         learner_results = result["learners"][MID]
         assert learner_results["comm/bytes_sent"] > 0
+        # The step count and frozen RMS came back: every step compressed, no second warm-up.
+        assert learner_results["comm/compression_ratio"] >= 8.0
         assert learner_results["amp/dtype"] == "float16"
         w0, w1 = _weights_per_rank(restored)
         for a, b in zip(w0, w1, strict=True):
