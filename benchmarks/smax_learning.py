@@ -24,6 +24,14 @@ Run (2-core machine: serialise CPU-heavy jobs)::
 
     flock /tmp/cpu.lock python benchmarks/smax_learning.py throughput
     flock /tmp/cpu.lock python benchmarks/smax_learning.py learn --map 3m --max-env-steps 400000
+
+The runs quoted in benchmarks/README.md used (``--map 2s3z --keep-going`` for the curve)::
+
+    python benchmarks/smax_learning.py learn --map 3m --central-critic --num-env-runners 2 \
+        --train-batch-size 8000 --minibatch-size 2000 --num-epochs 10 --hiddens 256 256 \
+        --entropy-coeff 0.01 --lr 5e-4 --lr-end 1e-4 --lr-decay-steps 1000000 \
+        --max-env-steps 1000000 --max-wall-s 1900 --eval-every 5 --eval-episodes-periodic 100 \
+        --smax-options '{"see_enemy_actions": true, "walls_cause_death": true}'
 """
 
 from __future__ import annotations
