@@ -23,6 +23,9 @@ Measured on the 2-vCPU dev box (``--repeats 5``, seeds 0-4; every run reached 45
 * ratio rllib-ext / stock: 1.20 in time to 450 (0.92 in an earlier 3-seed run), 1.04-1.10 per
   iteration.
 
+A later run (``--repeats 4``, quiet machine): rllib-ext 18.3 s vs stock 17.3 s to 450, ratio 1.06
+in time and 1.03 per iteration (1.00 vs 0.97 s).
+
 Each path is deterministic per seed, and with ``--gae rllib`` the rllib-ext path reproduces the
 stock run exactly (seed 0: 20 iterations, 40,068 env steps, in 19.5 s against 18.8 s). With the
 vectorized GAE the float32 rounding differs (about 1e-6), trajectories diverge after a few
