@@ -1,8 +1,7 @@
 """Wall-clock accounting: named phase accumulators and method wrappers.
 
 Everything here uses ``time.perf_counter`` (monotonic, sub-microsecond on Linux). The wrappers
-replace *instance* attributes only, so the class (and every other instance) is untouched, and
-:func:`unwrap_all` restores the originals.
+replace *instance* attributes only, so the class (and every other instance) is untouched.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["PhaseClock", "TimedCallable", "interval_union", "unwrap_all", "wrap_method"]
+__all__ = ["PhaseClock", "TimedCallable", "interval_union", "wrap_method"]
 
 _WRAPPED_ATTR = "_rllib_ext_profiling_wrapped"
 
@@ -65,7 +64,7 @@ def interval_union(intervals: list[tuple[float, float]]) -> float:
 def wrap_method(obj: Any, name: str, clock: PhaseClock, phase: str) -> None:
     """Times every call of ``obj.<name>`` into ``clock[phase]`` (instance attribute only)."""
     original = getattr(obj, name)
-    if getattr(original, _WRAPPED_ATTR, None) is not None:
+    if getattr(original, _WRAPPED_ATTR, False):
         return
 
     @functools.wraps(original)
@@ -76,17 +75,8 @@ def wrap_method(obj: Any, name: str, clock: PhaseClock, phase: str) -> None:
         finally:
             clock.add(phase, time.perf_counter() - start)
 
-    setattr(timed, _WRAPPED_ATTR, (obj, name, original))
+    setattr(timed, _WRAPPED_ATTR, True)
     object.__setattr__(obj, name, timed)
-
-
-def unwrap_all(obj: Any, names: list[str]) -> None:
-    """Removes the wrappers :func:`wrap_method` put on ``obj``."""
-    for name in names:
-        wrapped = obj.__dict__.get(name)
-        info = getattr(wrapped, _WRAPPED_ATTR, None)
-        if info is not None:
-            object.__delattr__(obj, name)
 
 
 class TimedCallable:

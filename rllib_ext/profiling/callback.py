@@ -84,7 +84,7 @@ class IterationProfiler:
         self.trace: dict[str, Any] | None = None
         self.learner_info: list[dict[str, Any]] = []
         self._step_started: float | None = None
-        self._update_started: float | None = None
+        self._written = False
         self._install()
 
     # ------------------------------------------------------------------ installation
@@ -102,7 +102,6 @@ class IterationProfiler:
                 self._foreach_env_runner(er.collect_env_runner_phases)
             self.clock.pop()
             self._step_started = time.perf_counter()
-            self._update_started = None
             return original_step(*args, **kwargs)
 
         object.__setattr__(algo, "training_step", training_step)
@@ -110,7 +109,7 @@ class IterationProfiler:
         original_update = group.update
 
         def update(*args: Any, **kwargs: Any) -> Any:
-            self._update_started = start = time.perf_counter()
+            start = time.perf_counter()
             if self._step_started is not None:
                 self.clock.add("sampling", start - self._step_started)
             tracing = self._current_iteration() == self.trace_iteration
@@ -154,7 +153,7 @@ class IterationProfiler:
             )
             self.parts.append(part)
             result[RESULT_KEY] = {"wall_s": part.wall_s, **part.shares}
-        if self.done and self.out_dir is not None and not getattr(self, "_written", False):
+        if self.done and self.out_dir is not None and not self._written:
             self.write(self.out_dir)
             self._written = True
 
