@@ -83,6 +83,21 @@ def _model_overrides(model: Any) -> dict[str, Any]:
     return model
 
 
+def add_callback(config: AlgorithmConfig, callback: type) -> None:
+    """Adds ``callback`` to ``config.callbacks_class`` unless it (or a subclass) is there.
+
+    Keeps the user's callbacks; RLlib's do-nothing default ``RLlibCallback`` is replaced.
+    """
+    from ray.rllib.callbacks.callbacks import RLlibCallback
+
+    existing = config.callbacks_class
+    classes = list(existing) if isinstance(existing, (list, tuple)) else [existing]
+    if any(isinstance(c, type) and issubclass(c, callback) for c in classes):
+        return
+    classes = [c for c in classes if c not in (None, RLlibCallback)] + [callback]
+    config.callbacks(classes if len(classes) > 1 else classes[0])
+
+
 SHARED_POLICY_ID = "shared_policy"
 """The policy every SMAC agent maps to when the config leaves policies unset."""
 
@@ -200,14 +215,7 @@ class PPOConfig(_RLlibPPOConfig):
                     policy_ids=sorted(self.policies), central_critic=central
                 )
             )
-        callbacks = self.callbacks_class
-        classes = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
-        if not any(isinstance(c, type) and issubclass(c, SMACMetricsCallback) for c in classes):
-            from ray.rllib.callbacks.callbacks import RLlibCallback
-
-            classes = [c for c in classes if c not in (None, RLlibCallback)]
-            classes.append(SMACMetricsCallback)
-            self.callbacks(classes if len(classes) > 1 else classes[0])
+        add_callback(self, SMACMetricsCallback)
 
     def _use_amp_env_runners(self) -> None:
         from rllib_ext.env_runners import AMPMultiAgentEnvRunner, AMPSingleAgentEnvRunner

@@ -51,19 +51,6 @@ def default_out_dir(env: str) -> Path:
     return Path("rllib_ext_runs") / f"profile_{name}_{datetime.now():%Y%m%d-%H%M%S}"
 
 
-def _add_callback(config: Any, callback: type) -> None:
-    from ray.rllib.callbacks.callbacks import RLlibCallback
-
-    existing = config.callbacks_class
-    if isinstance(existing, (list, tuple)):
-        classes = [*existing, callback]
-    elif existing is None or existing is RLlibCallback:
-        classes = [callback]
-    else:
-        classes = [existing, callback]
-    config.callbacks(classes if len(classes) > 1 else classes[0])
-
-
 def profile(
     settings: TrainSettings,
     *,
@@ -85,6 +72,7 @@ def profile(
     from ray.rllib.algorithms.ppo import PPOConfig as RLlibPPOConfig
 
     from rllib_ext.cli.train import build_algo_config, check_settings, ray_init_kwargs
+    from rllib_ext.config import add_callback
     from rllib_ext.profiling import ProfilerCallback, check_out_dir
     from rllib_ext.profiling.callback import TRACE_FILE
 
@@ -98,7 +86,7 @@ def profile(
     config = build_algo_config(settings, config_cls=RLlibPPOConfig if stock else None)
     timed = range(warmup + 1, warmup + iterations + 1)
     trace_iteration = warmup + iterations + 1 if trace else None
-    _add_callback(
+    add_callback(
         config,
         ProfilerCallback.configure(out_dir=out, iterations=timed, trace_iteration=trace_iteration),
     )
