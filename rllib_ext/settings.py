@@ -25,6 +25,7 @@ __all__ = [
     "COMM_BACKENDS",
     "COMPRESSORS",
     "CompressionSettings",
+    "BATCHING_IMPLS",
     "GAE_IMPLS",
     "STANDARDIZE_MODES",
     "ExtensionSettings",
@@ -35,6 +36,7 @@ __all__ = [
 ]
 
 GAE_IMPLS: tuple[str, ...] = ("rllib", "vectorized")
+BATCHING_IMPLS: tuple[str, ...] = ("rllib", "vectorized")
 STANDARDIZE_MODES: tuple[str, ...] = ("all", "masked", "none")
 AMP_MODES: tuple[Any, ...] = (False, "fp16", "bf16", "auto")
 COMPRESSORS: tuple[Any, ...] = (None, "fp16", "bf16", "powersgd", "onebit")
@@ -58,6 +60,13 @@ class GAESettings:
     """``"vectorized"``: rllib_ext's exact loop-free kernel and connector; ``"rllib"``: RLlib's
     own ``GeneralAdvantageEstimation`` (unchanged)."""
 
+    batching: Literal["rllib", "vectorized"] = "vectorized"
+    """How the learner turns episodes into the train batch. ``"vectorized"``: one fused pass
+    (``rllib_ext.connectors.batching``) in place of RLlib's seven default pieces from
+    ``AddOneTsToEpisodesAndTruncate`` to ``BatchIndividualItems``, same batch, same episodes
+    afterwards; it runs RLlib's pieces itself where it cannot be exact (stateful modules,
+    custom pieces in between). ``"rllib"``: RLlib's pieces, unchanged."""
+
     standardize_advantages: Literal["all", "masked", "none"] = "all"
     """``"all"`` reproduces RLlib: mean/std over every row of the train batch, including the
     one bootstrap row that RLlib appends to each episode chunk (masked out of the loss).
@@ -66,6 +75,7 @@ class GAESettings:
 
     def __post_init__(self) -> None:
         _check_choice("gae", self.gae, GAE_IMPLS)
+        _check_choice("batching", self.batching, BATCHING_IMPLS)
         _check_choice("standardize_advantages", self.standardize_advantages, STANDARDIZE_MODES)
         if self.gae == "rllib" and self.standardize_advantages != "all":
             raise ValueError(

@@ -3,6 +3,8 @@
 Components, each switched on by its settings (``rllib_ext.settings``):
 
 * vectorized GAE: swaps RLlib's ``GeneralAdvantageEstimation`` for ``VectorizedGAE``;
+* vectorized batching: fuses RLlib's default episodes-to-batch pieces into
+  ``VectorizedEpisodesToBatch`` (``rllib_ext.connectors.batching``);
 * AMP: autocast around forward + loss only (backward outside), fp16 loss scaling with one
   ``torch.amp.GradScaler`` per module, gradients unscaled before ``grad_clip``, steps with
   inf/nan gradients skipped (see ``rllib_ext.learners.amp``);
@@ -24,6 +26,7 @@ from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.typing import ModuleID, ParamDict, StateDict, TensorType
 
+from rllib_ext.connectors.batching import install_vectorized_batching
 from rllib_ext.connectors.gae import VectorizedGAE
 from rllib_ext.learners.amp import AMPState, resolve_amp_dtype
 from rllib_ext.learners.comm import CommCompression
@@ -86,6 +89,22 @@ class PPOExtTorchLearner(PPOTorchLearner):
         )
         self._modules_in_step: tuple[ModuleID, ...] = ()
         self._install_gae()
+        self._install_batching()
+
+    def _install_batching(self) -> None:
+        if (
+            self.ext_settings.gae.batching != "vectorized"
+            or self._learner_connector is None
+            or not self.config.add_default_connectors_to_learner_pipeline
+        ):
+            return
+        if not install_vectorized_batching(
+            self._learner_connector, multi_agent=self.config.is_multi_agent
+        ):
+            logger.info(
+                "batching='vectorized': the learner pipeline is not RLlib's default order "
+                "(custom learner_connector pieces?); RLlib's batching pieces are kept."
+            )
 
     def _install_gae(self) -> None:
         gae = self.ext_settings.gae

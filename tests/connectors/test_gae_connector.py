@@ -23,90 +23,13 @@ from ray.rllib.connectors.learner import (
 )
 from ray.rllib.core.columns import Columns
 from ray.rllib.evaluation.postprocessing import Postprocessing
-from ray.rllib.examples.envs.classes.multi_agent import MultiAgentCartPole
 from ray.rllib.utils.postprocessing.zero_padding import split_and_zero_pad_n_episodes
 
-import rllib_ext
+from rllib_ext.connectors.batching import VectorizedEpisodesToBatch
 from rllib_ext.connectors.gae import VectorizedGAE
+from tests.connectors._cases import GAMMA, LAMBDA, Case
 
 pytestmark = pytest.mark.usefixtures("ray_session")
-
-GAMMA = 0.97
-LAMBDA = 0.9
-
-
-def _config(**kwargs) -> rllib_ext.PPOConfig:
-    config = (
-        rllib_ext.PPOConfig()
-        .environment("CartPole-v1")
-        .env_runners(num_env_runners=0)
-        .rl_module(model_config=kwargs.pop("model_config", {"fcnet_hiddens": [32]}))
-        .training(gamma=GAMMA, lambda_=LAMBDA, train_batch_size_per_learner=512, **kwargs)
-        .debugging(seed=0)
-    )
-    return config
-
-
-def _multi_agent_config() -> rllib_ext.PPOConfig:
-    return (
-        _config()
-        .environment(MultiAgentCartPole, env_config={"num_agents": 2})
-        .multi_agent(
-            policies={"p0", "p1"},
-            policy_mapping_fn=lambda agent_id, episode, **kw: f"p{agent_id}",
-        )
-    )
-
-
-class Case:
-    """One built algorithm, its learner and a fixed set of sampled episodes."""
-
-    def __init__(self, config: rllib_ext.PPOConfig, num_timesteps: int) -> None:
-        self.config = config
-        self.algo = config.build_algo()
-        self.learner = self.algo.learner_group._learner
-        self.episodes = self.algo.env_runner.sample(
-            num_timesteps=num_timesteps, random_actions=False
-        )
-
-    def stock_pipeline(self):
-        pipeline = self.config.build_learner_connector(
-            input_observation_space=None, input_action_space=None, device=torch.device("cpu")
-        )
-        pipeline.prepend(AddOneTsToEpisodesAndTruncate())
-        pipeline.append(GeneralAdvantageEstimation(gamma=GAMMA, lambda_=LAMBDA))
-        return pipeline
-
-    def run(self, pipeline) -> dict:
-        return pipeline(
-            rl_module=self.learner.module,
-            batch={},
-            episodes=copy.deepcopy(self.episodes),
-            shared_data={},
-            metrics=None,
-        )
-
-
-@pytest.fixture(scope="module")
-def cartpole():
-    case = Case(_config(), num_timesteps=1500)
-    yield case
-    case.algo.stop()
-
-
-@pytest.fixture(scope="module")
-def multi_agent():
-    case = Case(_multi_agent_config(), num_timesteps=800)
-    yield case
-    case.algo.stop()
-
-
-@pytest.fixture(scope="module")
-def lstm():
-    config = _config(model_config={"use_lstm": True, "max_seq_len": 20, "lstm_cell_size": 16})
-    case = Case(config, num_timesteps=600)
-    yield case
-    case.algo.stop()
 
 
 def _assert_parity(stock: dict, ours: dict, module_ids) -> None:
@@ -133,7 +56,8 @@ def _installed_gae(learner) -> VectorizedGAE:
 
 def test_learner_pipeline_uses_vectorized_gae(cartpole):
     pieces = cartpole.learner._learner_connector.connectors
-    assert isinstance(pieces[0], AddOneTsToEpisodesAndTruncate)
+    assert isinstance(pieces[0], VectorizedEpisodesToBatch)
+    assert isinstance(pieces[0].pieces[0], AddOneTsToEpisodesAndTruncate)
     assert isinstance(pieces[-1], VectorizedGAE)
     assert _installed_gae(cartpole.learner).standardize_advantages == "all"
 

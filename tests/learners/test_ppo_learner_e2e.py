@@ -43,6 +43,8 @@ def test_vectorized_gae_is_active_and_visible_in_results() -> None:
         assert metrics["gae/vectorized"] == 1.0
         assert metrics["gae/time_ms"] > 0.0
         assert result["learners"]["default_policy"]["vf_loss"] > 0.0
+        # The fused episodes-to-batch piece ran (not RLlib's fallback pieces).
+        assert result["learners"]["default_policy"]["batching/vectorized"] == 1.0
     finally:
         algo.stop()
 
