@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rllib_ext.settings import GAE_IMPLS, STANDARDIZE_MODES
+from rllib_ext.settings import BATCHING_IMPLS, GAE_IMPLS, STANDARDIZE_MODES
 
 __all__ = ["ALL_OPTIONS", "CORE_OPTIONS", "DEFAULT_TRAINING", "EXTENSION_OPTIONS", "Option"]
 
@@ -273,6 +273,13 @@ EXTENSION_OPTIONS: tuple[Option, ...] = (
         convert=_choice(GAE_IMPLS),
         default="vectorized",
         help="advantage estimation: rllib_ext's loop-free kernel or RLlib's own connector",
+        example="vectorized",
+    ),
+    Option(
+        "batching",
+        convert=_choice(BATCHING_IMPLS),
+        default="vectorized",
+        help="episodes -> train batch: rllib_ext's fused pass or RLlib's own connector pieces",
         example="vectorized",
     ),
     Option(
