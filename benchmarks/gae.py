@@ -24,8 +24,9 @@ every timing is steady-state compute. ``--default-malloc`` skips that.
 
 Part 2, pipeline: real CartPole episodes (8k and 32k env steps, sampled once with the
 algorithm's local env runner), then the learner's own ``_learner_connector(...)`` call on a
-deep copy of them, for a stock RLlib PPO learner and for ``PPOExtTorchLearner`` (rllib_ext's
-``VectorizedGAE``) with identical module weights. Best of N; the per-piece profile at 32k
+deep copy of them, for a stock RLlib PPO learner and for ``PPOExtTorchLearner`` with its defaults
+(``VectorizedEpisodesToBatch`` in place of RLlib's seven batching pieces, ``VectorizedGAE``) with
+identical module weights. Best of N; the per-piece profile at 32k
 shows where the pipeline time goes.
 """
 

@@ -225,6 +225,7 @@ def _config(args: argparse.Namespace) -> Any:
             clip_param=0.2,
             use_kl_loss=args.kl_coeff > 0,
             kl_coeff=args.kl_coeff,
+            grad_clip=args.grad_clip,
         )
         .debugging(seed=args.seed)
     )
@@ -368,6 +369,7 @@ def main() -> None:
     lp.add_argument("--eval-every", type=int, default=5, help="iterations between greedy evals")
     lp.add_argument("--eval-episodes-periodic", type=int, default=100)
     lp.add_argument("--kl-coeff", type=float, default=0.0, help="0 disables the KL loss")
+    lp.add_argument("--grad-clip", type=float, default=None, help="global grad-norm clip")
     lp.add_argument("--seed", type=int, default=0)
     lp.add_argument(
         "--smax-options",

@@ -24,7 +24,9 @@ Measured on the 2-vCPU dev box (``--repeats 5``, seeds 0-4; every run reached 45
   iteration.
 
 A later run (``--repeats 4``, quiet machine): rllib-ext 18.3 s vs stock 17.3 s to 450, ratio 1.06
-in time and 1.03 per iteration (1.00 vs 0.97 s).
+in time and 1.03 per iteration (1.00 vs 0.97 s). With vectorized batching (``--repeats 4``,
+quiet machine): rllib-ext 18.8 s vs stock 18.4 s, ratio 1.02 in time to 450 and 0.99 per
+iteration (1.03 vs 1.04 s).
 
 Each path is deterministic per seed, and with ``--gae rllib`` the rllib-ext path reproduces the
 stock run exactly (seed 0: 20 iterations, 40,068 env steps, in 19.5 s against 18.8 s). With the
