@@ -183,6 +183,7 @@ class VectorizedEpisodesToBatch(ConnectorV2):
             if reason not in self._warned:
                 self._warned.add(reason)
                 logger.info("rllib_ext batching: RLlib's own pieces used (%s).", reason)
+            kwargs.pop("data", None)  # ConnectorPipelineV2 passes the current batch as `data`
             for piece in self.pieces:
                 batch = piece(
                     rl_module=rl_module,
@@ -191,6 +192,7 @@ class VectorizedEpisodesToBatch(ConnectorV2):
                     explore=explore,
                     shared_data=shared_data,
                     metrics=metrics,
+                    data=batch,
                     **kwargs,
                 )
             self._log(metrics, batch, rl_module, 0.0)
