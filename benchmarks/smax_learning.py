@@ -32,10 +32,9 @@ The 3m runs quoted in benchmarks/README.md (seeds 0 and 1) used::
         --entropy-coeff 0.0 --lr 5e-4 --lr-end 5e-5 --lr-decay-steps 800000 --grad-clip 1.0 \
         --max-env-steps 1000000 --max-wall-s 2700 --eval-every 5 --eval-episodes-periodic 200 \
         --eval-episodes 500 --seed 0 \
-        (seed 1: --seed 1 --keep-going, the full 1M-step budget) \
         --smax-options '{"see_enemy_actions": true, "walls_cause_death": true}'
 
-and the 2s3z curve ``--map 2s3z --keep-going --max-wall-s 900`` with entropy 0.01, lr 5e-4 ->
+(seed 1: ``--seed 1 --keep-going``, the full 1M-step budget), and the 2s3z curve ``--map 2s3z --keep-going --max-wall-s 900`` with entropy 0.01, lr 5e-4 ->
 1e-4 over 1M steps and no gradient clipping (the settings of the earlier 3m runs).
 """
 
