@@ -286,11 +286,8 @@ def _columns(chunks: list[SingleAgentEpisode]) -> dict[str, Any]:
     truncateds = np.zeros(n_rows, dtype=bool)
     truncateds[bootstrap_rows - 1] = [bool(c.is_truncated) for c in chunks]
 
-    extra_keys = [
-        k
-        for k in chunks[0].extra_model_outputs
-        if k not in _FIXED_COLUMNS and k not in (Columns.STATE_IN, Columns.STATE_OUT)
-    ]
+    # Recurrent-state columns never get here (the fused path refuses them).
+    extra_keys = [k for k in chunks[0].extra_model_outputs if k not in _FIXED_COLUMNS]
     obs, actions, rewards = [], [], []
     extras: dict[str, list[Any]] = {k: [] for k in extra_keys}
     for chunk, n in zip(chunks, lens.tolist(), strict=True):

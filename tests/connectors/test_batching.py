@@ -59,9 +59,7 @@ def _assert_same_batch(expected: dict, actual: dict) -> None:
         assert list(actual[mid]) == list(expected[mid]), mid
         for column in expected[mid]:
             exp_leaves, act_leaves = (tree.flatten(b[mid][column]) for b in (expected, actual))
-            assert tree.flatten(tree.map_structure(lambda _: 0, expected[mid][column])) == (
-                tree.flatten(tree.map_structure(lambda _: 0, actual[mid][column]))
-            )
+            tree.assert_same_structure(expected[mid][column], actual[mid][column])
             assert len(exp_leaves) == len(act_leaves) > 0
             for exp, act in zip(exp_leaves, act_leaves, strict=True):
                 assert isinstance(act, torch.Tensor), (mid, column)
