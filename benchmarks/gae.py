@@ -11,7 +11,8 @@ Part 1, kernel: 1,000,000 steps in RLlib's learner layout (episode chunks of 150
 each followed by its bootstrap step; half terminated, half truncated), float32 values and
 rewards, bool flags. Timed in one process, best of N:
 
-* ``rllib_ext.ops.gae.compute_value_targets``;
+* ``rllib_ext.ops.gae.compute_value_targets`` with its default kernel (numba, compiled
+  single pass) and with ``kernel="numpy"`` (the blocked scan used where numba is missing);
 * RLlib's ``compute_value_targets`` (the Python loop);
 * the streaming bound: copy the 4 input arrays and write the 2 outputs (float64 advantages,
   float32 targets) with numpy, i.e. the memory traffic any implementation must pay.
@@ -127,7 +128,7 @@ def bench_kernel(repeats: int) -> str:
         compute_value_targets as rllib_value_targets,
     )
 
-    from rllib_ext.ops.gae import compute_value_targets
+    from rllib_ext.ops.gae import compute_value_targets, kernel_backend
 
     values, rewards, term, trunc, chunks = kernel_data()
     n = values.size
@@ -148,6 +149,10 @@ def bench_kernel(repeats: int) -> str:
     ours_ms, ours_cpu = _best_ms(
         lambda: compute_value_targets(values, rewards, term, trunc, gamma, lambda_), repeats
     )
+    numpy_ms, _ = _best_ms(
+        lambda: compute_value_targets(values, rewards, term, trunc, gamma, lambda_, kernel="numpy"),
+        repeats,
+    )
     rllib_ms, _ = _best_ms(
         lambda: rllib_value_targets(values, rewards, term, trunc, gamma, lambda_), 3
     )
@@ -155,9 +160,14 @@ def bench_kernel(repeats: int) -> str:
     rows = [
         ["RLlib compute_value_targets (loop)", f"{rllib_ms:.1f}", f"{rllib_ms / ours_ms:.0f}x"],
         [
-            "rllib_ext compute_value_targets",
+            f"rllib_ext compute_value_targets ({kernel_backend()}, default)",
             f"{ours_ms:.2f}",
             f"1x (CPU/wall {ours_cpu:.2f})",
+        ],
+        [
+            "rllib_ext, numpy blocked scan (no numba)",
+            f"{numpy_ms:.2f}",
+            f"{numpy_ms / ours_ms:.1f}x",
         ],
         [
             "streaming bound (numpy copies)",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 __all__ = ["SECTIONS", "collect", "render"]
 
-_CORE_PACKAGES = ("rllib-ext", "ray", "torch", "gymnasium", "pettingzoo", "numpy")
+_CORE_PACKAGES = ("rllib-ext", "ray", "torch", "gymnasium", "pettingzoo", "numpy", "numba")
 # (import name, distribution name, pip hint)
 _OPTIONAL_BACKENDS = (
     ("jax", "jax", 'pip install "rllib-ext[smax]"'),
@@ -94,6 +94,11 @@ def _backends() -> Rows:
         else:
             version = _version(distribution)
             rows.append((module, version if version != "not installed" else "installed"))
+    from rllib_ext.ops.gae import kernel_backend
+
+    backend = kernel_backend()
+    hint = "compiled" if backend == "numba" else "numba missing or failed: pip install numba"
+    rows.append(("GAE kernel", f"{backend} ({hint})"))
     sc2path = os.environ.get("SC2PATH")
     if not sc2path:
         rows.append(("SC2PATH", "not set (StarCraft II backends need it)"))

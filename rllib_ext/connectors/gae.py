@@ -10,7 +10,8 @@ modules).
 Differences from RLlib's piece, none of which change the numbers with the default settings:
 
 * the value pass runs under ``torch.no_grad()`` (RLlib's builds an autograd graph it never uses);
-* GAE is :func:`rllib_ext.ops.gae.compute_advantages` (no Python loop over time steps);
+* GAE is :func:`rllib_ext.ops.gae.compute_value_targets` (no Python loop over time steps; a
+  compiled single pass where numba is installed, ``gae/compiled`` says which);
 * unpadding/re-padding for stateful modules is one boolean-mask operation, no per-episode loop;
 * ``standardize_advantages`` ("all" = RLlib, "masked", "none") is an explicit option.
 """
@@ -32,13 +33,14 @@ from ray.rllib.utils.annotations import override
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 from ray.rllib.utils.typing import EpisodeType
 
-from rllib_ext.ops.gae import compute_advantages
+from rllib_ext.ops.gae import compute_value_targets, kernel_backend
 from rllib_ext.settings import STANDARDIZE_MODES
 
 __all__ = ["VectorizedGAE", "padding_mask"]
 
 GAE_TIME_KEY = "gae/time_ms"
 GAE_IMPL_KEY = "gae/vectorized"
+GAE_COMPILED_KEY = "gae/compiled"
 
 
 def padding_mask(episode_lens: np.ndarray, max_seq_len: int) -> np.ndarray:
@@ -140,8 +142,9 @@ class VectorizedGAE(GeneralAdvantageEstimation):
                 arr = _flat(x)
                 return arr[mask] if mask is not None and arr.ndim == 2 else arr.reshape(-1)
 
-            values = unpad(values)
-            advantages = compute_advantages(
+            values = unpad(values).astype(np.float32, copy=False)
+            # Rounded exactly as RLlib: advantages -> float32, then + values.
+            value_targets = compute_value_targets(
                 values,
                 unpad(module_batch[Columns.REWARDS]),
                 unpad(module_batch[Columns.TERMINATEDS]),
@@ -149,9 +152,6 @@ class VectorizedGAE(GeneralAdvantageEstimation):
                 self.gamma,
                 self.lambda_,
             )
-            # Value targets rounded exactly as RLlib: advantages -> float32, then + values.
-            value_targets = advantages.astype(np.float32)
-            value_targets += values.astype(np.float32, copy=False)
             advantages = value_targets - values
             advantages = self._standardize(advantages, module_batch, unpad)
 
@@ -164,9 +164,11 @@ class VectorizedGAE(GeneralAdvantageEstimation):
 
         if metrics is not None:
             elapsed_ms = (time.perf_counter() - start) * 1e3
+            compiled = float(kernel_backend() == "numba")
             for mid in module_ids:
                 metrics.log_value((mid, GAE_TIME_KEY), elapsed_ms, window=1)
                 metrics.log_value((mid, GAE_IMPL_KEY), 1.0, window=1)
+                metrics.log_value((mid, GAE_COMPILED_KEY), compiled, window=1)
         return batch
 
     def _standardize(

@@ -4,6 +4,14 @@ Same contract as RLlib's ``ray.rllib.utils.postprocessing.value_predictions.comp
 (Schulman et al. 2016, https://arxiv.org/abs/1506.02438), computed without a Python loop over
 time steps and without truncating the geometric filter.
 
+Two kernels behind one API (``kernel=`` on every function):
+
+* ``"numba"`` (:mod:`rllib_ext.ops.gae_compiled`): one compiled backward pass, bit-identical to
+  the reference loop, about 2x the time of copying the arrays once. The default where numba
+  is installed (it is a dependency; ``kernel="auto"`` picks it).
+* ``"numpy"``: the blocked scan below, for platforms without numba. Same results up to
+  rounding (float64 sums in a different order).
+
 Recurrence, for t = N-1 .. 0 (``A_N = 0``)::
 
     delta_t = r_t + gamma * (1 - terminated_t) * V_{t+1} - V_t       (V_N = 0)
@@ -11,7 +19,7 @@ Recurrence, for t = N-1 .. 0 (``A_N = 0``)::
 
 Both kinds of episode end are a *stop*: the recursion does not cross it.
 
-How it is vectorized (float64 throughout, O(N) time and memory whatever the segment lengths):
+The numpy kernel, vectorized (float64 throughout, O(N) time and memory whatever the segment lengths):
 
 1. Blocks. The flat array is cut into rows of ``K = 8`` steps. Without stops, the suffix sum
    inside a row is one matmul with the ``K x K`` Toeplitz matrix ``c^(j-i)`` (entries <= 1,
@@ -44,11 +52,22 @@ denormals out of the BLAS kernels (denormal operands are slow on x86); a dropped
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
-__all__ = ["compute_advantages", "compute_value_targets", "discounted_suffix_sum"]
+from rllib_ext.ops import gae_compiled
+
+__all__ = [
+    "KERNELS",
+    "compute_advantages",
+    "compute_value_targets",
+    "discounted_suffix_sum",
+    "kernel_backend",
+]
+
+Kernel = Literal["auto", "numba", "numpy"]
+KERNELS: tuple[str, ...] = ("auto", "numba", "numpy")
 
 _BLOCK = 8
 """Row width K of the blocked scan (the gemm is memory-bound; wider rows only add flops)."""
@@ -271,6 +290,37 @@ def _flags(x: Any) -> np.ndarray:
     return np.ascontiguousarray(arr) if arr.dtype == np.bool_ else arr.astype(bool)
 
 
+def _floats(x: Any) -> np.ndarray:
+    """``[N]`` contiguous float32 or float64 (other dtypes become float64)."""
+    arr = _to_numpy(x)
+    if arr.dtype not in (np.float32, np.float64):
+        arr = arr.astype(np.float64)
+    return np.ascontiguousarray(arr)
+
+
+def _compiled(kernel: str) -> gae_compiled.CompiledKernels | None:
+    """The numba kernels for ``kernel`` ("auto": where available), ``None`` for numpy."""
+    if kernel == "numpy":
+        return None
+    if kernel not in KERNELS:
+        raise ValueError(
+            f"kernel={kernel!r} is not one of {KERNELS}. Fix: pass kernel='auto' (numba where "
+            "installed, else numpy), 'numba' or 'numpy'."
+        )
+    compiled = gae_compiled.load()
+    if compiled is None and kernel == "numba":
+        raise ValueError(
+            "kernel='numba' but numba is not importable here (or failed to compile). "
+            "Fix: pip install numba, or pass kernel='auto' to fall back to the numpy scan."
+        )
+    return compiled
+
+
+def kernel_backend(kernel: Kernel = "auto") -> str:
+    """Which kernel ``kernel`` resolves to in this process: ``"numba"`` or ``"numpy"``."""
+    return "numpy" if _compiled(kernel) is None else "numba"
+
+
 def _stop_positions(term: np.ndarray, trunc: np.ndarray) -> np.ndarray:
     """Sorted indices where ``term | trunc``; both contiguous bool ``[N]``.
 
@@ -294,29 +344,54 @@ def _stop_positions(term: np.ndarray, trunc: np.ndarray) -> np.ndarray:
     return np.concatenate((body, tail)) if tail.size else body
 
 
-def discounted_suffix_sum(x: Any, stops: Any, c: float) -> np.ndarray:
+def discounted_suffix_sum(x: Any, stops: Any, c: float, *, kernel: Kernel = "auto") -> np.ndarray:
     """``y_t = x_t + c * (1 - stops_t) * y_{t+1}`` with ``y_N = 0``.
 
     Args:
         x: ``[N]`` float array (numpy or torch).
         stops: ``[N]`` bool or 0/1 array; ``True`` cuts the recursion after step ``t``.
         c: ratio per step, in ``[0, 1]``.
+        kernel: ``"auto"`` (numba where installed), ``"numba"`` or ``"numpy"``.
 
     Returns:
         ``[N]`` float64 numpy array.
     """
     c = _check_rate("c", c)
-    x = _to_numpy(x)
+    x = _floats(x)
     stops = _flags(stops)
     n = x.shape[0]
     if stops.shape[0] != n:
         raise ValueError(f"x has {n} steps but stops has {stops.shape[0]}; pass equal lengths.")
+    compiled = _compiled(kernel)
+    if compiled is not None:
+        out = np.empty(n, dtype=np.float64)
+        compiled.suffix_sum(x, stops, c, out)
+        return out
     _, p = _layout(n)
     buf = np.empty(p, dtype=np.float64)
     buf[:n] = x
     buf[n:] = 0.0
     ends = np.flatnonzero(stops[: max(n - 1, 0)])
     return _scan(buf, n, ends, c)[:n]
+
+
+def _checked(
+    values: Any, rewards: Any, terminateds: Any, truncateds: Any, gamma: float, lambda_: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float, float]:
+    """Validated ``(v, r, term, trunc, gamma, lambda_)``: float arrays, contiguous bool flags."""
+    gamma = _check_rate("gamma", gamma)
+    lambda_ = _check_rate("lambda_", lambda_)
+    v = _floats(values)
+    r = _floats(rewards)
+    term = _flags(terminateds)
+    trunc = _flags(truncateds)
+    n = v.shape[0]
+    if not r.shape[0] == term.shape[0] == trunc.shape[0] == n:
+        raise ValueError(
+            f"values, rewards, terminateds, truncateds have {n}, {r.shape[0]}, "
+            f"{term.shape[0]}, {trunc.shape[0]} steps; pass one entry per step in each."
+        )
+    return v, r, term, trunc, gamma, lambda_
 
 
 def compute_advantages(
@@ -326,6 +401,8 @@ def compute_advantages(
     truncateds: Any,
     gamma: float,
     lambda_: float,
+    *,
+    kernel: Kernel = "auto",
 ) -> np.ndarray:
     """GAE advantages (float64) over a flat batch of concatenated episode chunks.
 
@@ -338,25 +415,24 @@ def compute_advantages(
             exists (``V_{t+1}`` is its value): bootstrap from it, the recursion stops.
         gamma: discount in ``[0, 1]``.
         lambda_: GAE lambda in ``[0, 1]``.
+        kernel: ``"auto"`` (numba where installed), ``"numba"`` or ``"numpy"``.
 
     Returns:
         ``[N]`` float64 numpy array (also for torch input).
 
     Raises:
-        ValueError: for lengths that differ or ``gamma``/``lambda_`` outside ``[0, 1]``.
+        ValueError: for lengths that differ, ``gamma``/``lambda_`` outside ``[0, 1]`` or an
+            unknown ``kernel``.
     """
-    gamma = _check_rate("gamma", gamma)
-    lambda_ = _check_rate("lambda_", lambda_)
-    v = _to_numpy(values)
-    r = _to_numpy(rewards)
-    term = _flags(terminateds)
-    trunc = _flags(truncateds)
+    v, r, term, trunc, gamma, lambda_ = _checked(
+        values, rewards, terminateds, truncateds, gamma, lambda_
+    )
     n = v.shape[0]
-    if not r.shape[0] == term.shape[0] == trunc.shape[0] == n:
-        raise ValueError(
-            f"values, rewards, terminateds, truncateds have {n}, {r.shape[0]}, "
-            f"{term.shape[0]}, {trunc.shape[0]} steps; pass one entry per step in each."
-        )
+    compiled = _compiled(kernel)
+    if compiled is not None:
+        adv = np.empty(n, dtype=np.float64)
+        compiled.advantages(v, r, term, trunc, gamma, gamma * lambda_, adv)
+        return adv
     _, p = _layout(n)
     buf = np.empty(p, dtype=np.float64)
     buf[n:] = 0.0
@@ -382,13 +458,25 @@ def compute_value_targets(
     truncateds: Any,
     gamma: float,
     lambda_: float,
+    *,
+    kernel: Kernel = "auto",
 ) -> np.ndarray:
     """GAE value targets ``A_t + V_t`` (float32), a drop-in for RLlib's function of this name.
 
     Arguments as in :func:`compute_advantages`. Returns ``[N]`` float32 numpy (also for torch
     input), rounded like RLlib: advantages to float32 first, then ``+ values``.
     """
-    adv = compute_advantages(values, rewards, terminateds, truncateds, gamma, lambda_)
+    compiled = _compiled(kernel)
+    if compiled is not None:
+        v, r, term, trunc, gamma, lambda_ = _checked(
+            values, rewards, terminateds, truncateds, gamma, lambda_
+        )
+        out = np.empty(v.shape[0], dtype=np.float32)
+        compiled.value_targets(v, r, term, trunc, gamma, gamma * lambda_, out)
+        return out
+    adv = compute_advantages(
+        values, rewards, terminateds, truncateds, gamma, lambda_, kernel=kernel
+    )
     v = _to_numpy(values)
     if v.dtype == np.float32:
         # One pass: the float32 loop casts adv first, then adds, as RLlib's float32 buffer does.

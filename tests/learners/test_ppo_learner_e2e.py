@@ -41,6 +41,7 @@ def test_vectorized_gae_is_active_and_visible_in_results() -> None:
         result = algo.train()
         metrics = _gae_metrics(result)
         assert metrics["gae/vectorized"] == 1.0
+        assert metrics["gae/compiled"] == 1.0  # the numba kernel ran inside the learner
         assert metrics["gae/time_ms"] > 0.0
         assert result["learners"]["default_policy"]["vf_loss"] > 0.0
         # The fused episodes-to-batch piece ran (not RLlib's fallback pieces).

@@ -12,7 +12,13 @@ from ray.rllib.utils.postprocessing.value_predictions import (
     compute_value_targets as rllib_compute_value_targets,
 )
 
-from rllib_ext.ops.gae import compute_advantages, compute_value_targets, discounted_suffix_sum
+from rllib_ext.ops import gae_compiled
+from rllib_ext.ops.gae import (
+    compute_advantages,
+    compute_value_targets,
+    discounted_suffix_sum,
+    kernel_backend,
+)
 from rllib_ext.ops.gae_reference import (
     compute_advantages_reference,
     compute_value_targets_reference,
@@ -21,6 +27,12 @@ from rllib_ext.ops.gae_reference import (
 LAYOUTS = ("rllib_chunks", "length_one", "all_terminated", "all_truncated", "no_boundary", "random")
 SIZES = (1, 2, 7, 8, 9, 64, 65, 517, 3001)
 RATES = ((0.0, 0.0), (0.0, 1.0), (1.0, 0.0), (1.0, 1.0), (0.99, 0.95), ("random", "random"))
+
+
+@pytest.fixture(params=("numba", "numpy"))
+def kernel(request) -> str:
+    """Every kernel test runs on both backends (``"numba"`` needs numba, a dependency)."""
+    return request.param
 
 
 def _layout(kind: str, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -89,51 +101,51 @@ def _adv_rel_err(actual: np.ndarray, expected: np.ndarray) -> float:
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize(("gamma", "lambda_"), RATES)
-def test_matches_rllib_and_reference(layout, n, gamma, lambda_):
+def test_matches_rllib_and_reference(layout, n, gamma, lambda_, kernel):
     seed = zlib.crc32(f"{layout}-{n}-{gamma}-{lambda_}".encode())
     rng = np.random.default_rng(seed)
     gamma, lambda_ = _rates(gamma, lambda_, rng)
     term, trunc = _layout(layout, n, rng)
     values, rewards = _inputs(n, seed)
 
-    targets = compute_value_targets(values, rewards, term, trunc, gamma, lambda_)
+    targets = compute_value_targets(values, rewards, term, trunc, gamma, lambda_, kernel=kernel)
     assert targets.dtype == np.float32 and targets.shape == (n,)
     expected = rllib_compute_value_targets(values, rewards, term, trunc, gamma, lambda_)
     assert _target_rel_err(targets, expected, values) < 1e-5
     reference = compute_value_targets_reference(values, rewards, term, trunc, gamma, lambda_)
     assert _target_rel_err(targets, reference, values) < 1e-5
 
-    advantages = compute_advantages(values, rewards, term, trunc, gamma, lambda_)
+    advantages = compute_advantages(values, rewards, term, trunc, gamma, lambda_, kernel=kernel)
     assert advantages.dtype == np.float64
     ref_adv = compute_advantages_reference(values, rewards, term, trunc, gamma, lambda_)
     assert _adv_rel_err(advantages, ref_adv) < 1e-9
 
 
 @pytest.mark.parametrize("layout", ("rllib_chunks", "random", "no_boundary"))
-def test_batched_blas_path(layout):
+def test_batched_blas_path(layout, kernel):
     """Past 16384 steps the row sums go through batched BLAS calls and a second level."""
     n = 50_003
     rng = np.random.default_rng(7)
     term, trunc = _layout(layout, n, rng)
     values, rewards = _inputs(n, 7)
-    targets = compute_value_targets(values, rewards, term, trunc, 0.99, 0.95)
+    targets = compute_value_targets(values, rewards, term, trunc, 0.99, 0.95, kernel=kernel)
     expected = rllib_compute_value_targets(values, rewards, term, trunc, 0.99, 0.95)
     assert _target_rel_err(targets, expected, values) < 1e-5
 
 
 @pytest.mark.parametrize("flag_dtype", (bool, np.float32, np.float64, np.int64))
-def test_flag_dtypes(flag_dtype):
+def test_flag_dtypes(flag_dtype, kernel):
     rng = np.random.default_rng(3)
     term, trunc = _layout("rllib_chunks", 700, rng)
     values, rewards = _inputs(700, 3)
     expected = rllib_compute_value_targets(values, rewards, term, trunc, 0.99, 0.9)
     targets = compute_value_targets(
-        values, rewards, term.astype(flag_dtype), trunc.astype(flag_dtype), 0.99, 0.9
+        values, rewards, term.astype(flag_dtype), trunc.astype(flag_dtype), 0.99, 0.9, kernel=kernel
     )
     assert _target_rel_err(targets, expected, values) < 1e-5
 
 
-def test_torch_input_gives_numpy_float32():
+def test_torch_input_gives_numpy_float32(kernel):
     rng = np.random.default_rng(4)
     term, trunc = _layout("rllib_chunks", 999, rng)
     values, rewards = _inputs(999, 4)
@@ -145,18 +157,19 @@ def test_torch_input_gives_numpy_float32():
         torch.from_numpy(trunc.astype(np.float32)),
         0.98,
         0.9,
+        kernel=kernel,
     )
     assert isinstance(targets, np.ndarray) and targets.dtype == np.float32
     assert _target_rel_err(targets, expected, values) < 1e-5
 
 
-def test_float64_values_round_like_rllib():
+def test_float64_values_round_like_rllib(kernel):
     rng = np.random.default_rng(5)
     term, trunc = _layout("rllib_chunks", 300, rng)
     values, rewards = _inputs(300, 5)
     values = values.astype(np.float64) / 3.0
     expected = rllib_compute_value_targets(values, rewards, term, trunc, 0.99, 0.95)
-    targets = compute_value_targets(values, rewards, term, trunc, 0.99, 0.95)
+    targets = compute_value_targets(values, rewards, term, trunc, 0.99, 0.95, kernel=kernel)
     assert _target_rel_err(targets, expected, values) < 1e-6
 
 
@@ -164,18 +177,18 @@ def test_float64_values_round_like_rllib():
     ("gamma", "lambda_"),
     ((1e-30, 1e-10), (1e-5, 1e-36), (1e-160, 1e-160), (1e-300, 1.0), (5e-324, 1.0)),
 )
-def test_tiny_ratio(gamma, lambda_):
+def test_tiny_ratio(gamma, lambda_, kernel):
     """gamma*lambda_ down to the denormal range: powers that underflow are exact zeros."""
     rng = np.random.default_rng(6)
     term, trunc = _layout("rllib_chunks", 20_000, rng)
     values, rewards = _inputs(20_000, 6)
-    advantages = compute_advantages(values, rewards, term, trunc, gamma, lambda_)
+    advantages = compute_advantages(values, rewards, term, trunc, gamma, lambda_, kernel=kernel)
     assert np.all(np.isfinite(advantages))
     reference = compute_advantages_reference(values, rewards, term, trunc, gamma, lambda_)
     assert _adv_rel_err(advantages, reference) < 1e-12
 
 
-def test_hand_computed_example():
+def test_hand_computed_example(kernel):
     """Two chunks in RLlib's learner layout (each ends with its bootstrap step).
 
     Chunk 1 terminates after 3 steps, chunk 2 is cut (truncated) after 2 steps; gamma = 0.5,
@@ -196,22 +209,24 @@ def test_hand_computed_example():
     rewards = np.array([1, 1, 1, 0, 1, 1, 0], dtype=np.float32)
     term = np.array([0, 0, 1, 0, 0, 0, 0], dtype=bool)
     trunc = np.array([0, 0, 0, 0, 0, 1, 0], dtype=bool)
-    advantages = compute_advantages(values, rewards, term, trunc, 0.5, 0.5)
+    advantages = compute_advantages(values, rewards, term, trunc, 0.5, 0.5, kernel=kernel)
     expected = np.array([0.96875, 0.875, 0.5, 0.28125, 1.125, 0.5, -3.0])
     np.testing.assert_allclose(advantages, expected, rtol=0, atol=1e-15)
     np.testing.assert_allclose(
-        compute_value_targets(values, rewards, term, trunc, 0.5, 0.5), expected + values, atol=1e-6
+        compute_value_targets(values, rewards, term, trunc, 0.5, 0.5, kernel=kernel),
+        expected + values,
+        atol=1e-6,
     )
 
 
-def test_one_long_segment_memory_is_linear():
+def test_one_long_segment_memory_is_linear(kernel):
     """200k steps without any boundary: a single segment must not blow up memory."""
     n = 200_000
     values, rewards = _inputs(n, 8)
     flags = np.zeros(n, dtype=bool)
     tracemalloc.start()
     try:
-        targets = compute_value_targets(values, rewards, flags, flags, 0.999, 0.99)
+        targets = compute_value_targets(values, rewards, flags, flags, 0.999, 0.99, kernel=kernel)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -222,14 +237,14 @@ def test_one_long_segment_memory_is_linear():
     assert _target_rel_err(targets, reference, values) < 1e-5
 
 
-def test_dense_boundaries_memory_is_linear():
+def test_dense_boundaries_memory_is_linear(kernel):
     """Every step a boundary: the sparse corrections stay O(N) too."""
     n = 100_000
     values, rewards = _inputs(n, 9)
     term, trunc = _layout("length_one", n, np.random.default_rng(9))
     tracemalloc.start()
     try:
-        compute_value_targets(values, rewards, term, trunc, 0.99, 0.95)
+        compute_value_targets(values, rewards, term, trunc, 0.99, 0.95, kernel=kernel)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -237,7 +252,7 @@ def test_dense_boundaries_memory_is_linear():
 
 
 @pytest.mark.parametrize("c", (0.0, 0.3, 1.0))
-def test_discounted_suffix_sum(c):
+def test_discounted_suffix_sum(c, kernel):
     rng = np.random.default_rng(10)
     x = rng.normal(size=2000)
     stops = rng.random(2000) < 0.05
@@ -246,23 +261,67 @@ def test_discounted_suffix_sum(c):
     for t in range(x.size - 1, -1, -1):
         acc = x[t] + (0.0 if stops[t] else c * acc)
         expected[t] = acc
-    np.testing.assert_allclose(discounted_suffix_sum(x, stops, c), expected, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        discounted_suffix_sum(x, stops, c, kernel=kernel), expected, rtol=1e-12, atol=1e-12
+    )
 
 
-def test_empty_batch():
+def test_empty_batch(kernel):
     empty = np.zeros(0, dtype=np.float32)
     flags = np.zeros(0, dtype=bool)
-    assert compute_value_targets(empty, empty, flags, flags, 0.99, 0.95).shape == (0,)
+    assert compute_value_targets(empty, empty, flags, flags, 0.99, 0.95, kernel=kernel).shape == (
+        0,
+    )
 
 
 @pytest.mark.parametrize(("gamma", "lambda_"), ((1.01, 0.9), (0.99, -0.1), (float("nan"), 0.9)))
-def test_rejects_rates_outside_unit_interval(gamma, lambda_):
+def test_rejects_rates_outside_unit_interval(gamma, lambda_, kernel):
     x = np.zeros(4, dtype=np.float32)
     with pytest.raises(ValueError, match="outside \\[0, 1\\]"):
-        compute_advantages(x, x, x, x, gamma, lambda_)
+        compute_advantages(x, x, x, x, gamma, lambda_, kernel=kernel)
 
 
-def test_rejects_mismatched_lengths():
+def test_rejects_mismatched_lengths(kernel):
     x = np.zeros(4, dtype=np.float32)
     with pytest.raises(ValueError, match="4, 3, 4, 4 steps"):
-        compute_advantages(x, x[:3], x, x, 0.99, 0.95)
+        compute_advantages(x, x[:3], x, x, 0.99, 0.95, kernel=kernel)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_compiled_kernel_is_bit_identical_to_reference(layout):
+    """The numba loop does the reference loop's float64 operations in the same order."""
+    n = 3001
+    rng = np.random.default_rng(zlib.crc32(layout.encode()))
+    term, trunc = _layout(layout, n, rng)
+    values, rewards = _inputs(n, 11)
+    advantages = compute_advantages(values, rewards, term, trunc, 0.99, 0.95, kernel="numba")
+    reference = compute_advantages_reference(values, rewards, term, trunc, 0.99, 0.95)
+    np.testing.assert_array_equal(advantages, reference)
+    targets = compute_value_targets(values, rewards, term, trunc, 0.99, 0.95, kernel="numba")
+    expected = compute_value_targets_reference(values, rewards, term, trunc, 0.99, 0.95)
+    np.testing.assert_array_equal(targets, expected)
+
+
+def test_auto_uses_numba():
+    """numba is a dependency, so the default kernel is the compiled one."""
+    assert kernel_backend() == "numba"
+    assert kernel_backend("numpy") == "numpy"
+
+
+def test_without_numba_auto_falls_back_and_numba_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(gae_compiled._state, "kernels", None)  # as if numba failed to import
+    rng = np.random.default_rng(12)
+    term, trunc = _layout("rllib_chunks", 500, rng)
+    values, rewards = _inputs(500, 12)
+    assert kernel_backend() == "numpy"
+    targets = compute_value_targets(values, rewards, term, trunc, 0.99, 0.95)
+    expected = compute_value_targets(values, rewards, term, trunc, 0.99, 0.95, kernel="numpy")
+    np.testing.assert_array_equal(targets, expected)
+    with pytest.raises(ValueError, match="kernel='numba' but numba is not importable.*Fix"):
+        compute_advantages(values, rewards, term, trunc, 0.99, 0.95, kernel="numba")
+
+
+def test_rejects_unknown_kernel():
+    x = np.zeros(4, dtype=np.float32)
+    with pytest.raises(ValueError, match="kernel='cuda' is not one of .*'numpy'.*Fix"):
+        compute_advantages(x, x, x, x, 0.99, 0.95, kernel="cuda")
