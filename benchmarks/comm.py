@@ -55,7 +55,7 @@ from torch import nn
 
 from rllib_ext.distributed import BF16State, bf16_hook, make_comm_hook
 from rllib_ext.distributed._base import allreduce_wire_bytes
-from rllib_ext.ops import compression
+from rllib_ext.ops import compression, compression_compiled
 
 MODELS = {
     # name: (observation size, hidden layers), two encoders (pi, vf) + heads (2 actions, 1 value)
@@ -167,13 +167,30 @@ def codec_ms(model: nn.Module, world_size: int) -> dict[str, float]:
     workspace = torch.empty(numel, dtype=torch.bool)
     scratch = torch.empty(numel)
 
+    kernels = compression_compiled.load()
+
     def onebit() -> None:
-        # As the learner's hook after warm-up: compress g / rms, decode times rms.
-        corrected = residual.addcdiv_(grads, rms)
-        packed, scale = compression.onebit_encode(corrected, workspace=workspace, signs=scratch)
-        compression.onebit_residual_(corrected, scale, signs=scratch)
-        payloads = compression.pack_onebit_payload(packed, scale).repeat(world_size, 1)
-        compression.onebit_decode_mean(payloads, numel, out=out).mul_(rms)
+        # As the learner's hook after warm-up: compress g / rms, decode times rms; with the
+        # compiled kernels where the hook uses them (CPU float32), else the torch ops.
+        if kernels is None:
+            corrected = residual.addcdiv_(grads, rms)
+            packed, scale = compression.onebit_encode(corrected, workspace=workspace, signs=scratch)
+            compression.onebit_residual_(corrected, scale, signs=scratch)
+            payloads = compression.pack_onebit_payload(packed, scale).repeat(world_size, 1)
+            compression.onebit_decode_mean(payloads, numel, out=out).mul_(rms)
+            return
+        payload = np.empty(compression.onebit_payload_nbytes(numel), dtype=np.uint8)
+        abs_sum = kernels.encode(
+            grads.numpy(), rms.numpy(), True, residual.numpy(), True, payload[4:]
+        )
+        scale = np.float32(abs_sum / numel)
+        kernels.residual(residual.numpy(), scale)
+        payload[:4] = np.array([scale], dtype=np.float32).view(np.uint8)
+        payloads = np.tile(payload, (world_size, 1))
+        table = compression_compiled.decode_table(
+            payloads[:, :4].copy().view(np.float32).reshape(-1)
+        )
+        kernels.decode_mean(payloads[:, 4:], table, rms.numpy(), True, out.numpy())
 
     matrices, offset = [], 0
     for param in model.parameters():

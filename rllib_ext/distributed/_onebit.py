@@ -10,6 +10,7 @@ annotations with the real ``dist.GradBucket`` / ``Future[Tensor]`` classes.
 import time
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -21,9 +22,12 @@ from rllib_ext.distributed._base import (
     allreduce_wire_bytes,
     bucket_fingerprint,
 )
-from rllib_ext.ops import compression
+from rllib_ext.ops import compression, compression_compiled
 
-__all__ = ["PRECONDITIONER_FLOOR", "OneBitState", "onebit_hook"]
+__all__ = ["CODECS", "PRECONDITIONER_FLOOR", "OneBitState", "onebit_hook"]
+
+CODECS = ("auto", "numba", "torch")
+"""``auto``: the compiled codec for CPU float32 buckets where numba works, else torch ops."""
 
 PRECONDITIONER_FLOOR = 1e-4
 """Smallest preconditioner, relative to the bucket's mean RMS: a parameter that had (almost) no
@@ -42,6 +46,12 @@ class OneBitState(CommHookState):
         warmup_steps: plain averaging all-reduces first, recording each element's gradient
             RMS; then compress ``g / rms`` and decode times ``rms`` (see :func:`onebit_hook`).
             Costs one more fp32 copy of the gradients. 0 = plain scaled-sign compression.
+        codec: ``"auto"`` (default): the fused numba kernels of
+            :mod:`rllib_ext.ops.compression_compiled` for CPU float32 buckets and up to 8
+            ranks, torch ops otherwise (GPU buckets, other dtypes, no numba); ``"torch"``:
+            always torch ops; ``"numba"``: require the kernels (error if numba is missing).
+            Same signs, residuals and decoded values either way; only the float32 scale
+            ``mean(|c|)`` is summed in a different order.
     """
 
     hook_name = "onebit"
@@ -49,6 +59,7 @@ class OneBitState(CommHookState):
         # Hyper-parameters.
         "error_feedback",
         "warmup_steps",
+        "codec",
         # Shared state (identical on every rank): steps seen, and per bucket the sum and count
         # of squared averaged gradients during warm-up, then the frozen preconditioner.
         "step",
@@ -71,6 +82,7 @@ class OneBitState(CommHookState):
         *,
         error_feedback: bool = True,
         warmup_steps: int = 0,
+        codec: str = "auto",
     ) -> None:
         if not isinstance(error_feedback, bool):
             raise TypeError(
@@ -82,9 +94,20 @@ class OneBitState(CommHookState):
                 f"warmup_steps={warmup_steps!r} must be an integer >= 0. "
                 "Fix: e.g. warmup_steps=100 (0 = plain 1-bit from the first step)."
             )
+        if codec not in CODECS:
+            raise ValueError(
+                f"codec={codec!r} is not one of {CODECS}. Fix: use 'auto' (compiled kernels "
+                "where they apply), 'torch' or 'numba'."
+            )
+        if codec == "numba" and compression_compiled.load() is None:
+            raise ValueError(
+                "codec='numba' but numba is not importable here (or failed to compile). "
+                "Fix: pip install numba, or use codec='auto'."
+            )
         super().__init__(process_group)
         self.error_feedback = error_feedback
         self.warmup_steps = warmup_steps
+        self.codec = codec
         self.step = 0
         self.second_moments: dict[int, tuple[tuple[int, ...], torch.Tensor, int]] = {}
         self.preconditioners: dict[int, tuple[tuple[int, ...], torch.Tensor]] = {}
@@ -96,6 +119,20 @@ class OneBitState(CommHookState):
 
     def _hyper_parameters(self) -> tuple[str, ...]:
         return ("error_feedback", "warmup_steps")
+
+    def _kernels(
+        self, buffer: torch.Tensor, world_size: int
+    ) -> compression_compiled.OneBitKernels | None:
+        """The compiled codec where it applies to this bucket, else ``None`` (torch ops)."""
+        if self.codec == "torch":
+            return None
+        applies = (
+            buffer.device.type == "cpu"
+            and buffer.dtype == torch.float32
+            and buffer.is_contiguous()
+            and world_size <= compression_compiled.MAX_DECODE_RANKS
+        )
+        return compression_compiled.load() if applies else None
 
     def _accumulate_moment(self, bucket: dist.GradBucket, averaged: torch.Tensor) -> None:
         fingerprint = bucket_fingerprint(bucket)
@@ -231,33 +268,15 @@ def onebit_hook(state: OneBitState, bucket: dist.GradBucket) -> torch.futures.Fu
     group = state._group()
     world_size = group.size()
     buffer = bucket.buffer()
-    numel, index = buffer.numel(), bucket.index()
+    numel = buffer.numel()
     if bucket.is_last():
         state.step += 1
     warm_up, precond = state._plan(bucket)
     if warm_up:
         return _warmup_allreduce(state, bucket, start)
-    if state.error_feedback:
-        corrected = state._residual_for(bucket)
-        if precond is None:
-            corrected.add_(buffer)
-        else:
-            corrected.addcdiv_(buffer, precond)
-    elif precond is None:
-        corrected = buffer if buffer.dtype == torch.float32 else buffer.float()
-    else:
-        corrected = buffer.float().div_(precond)
-    workspace = state._sign_workspace(index, numel, buffer.device)
-    signs = state._scratch_for(numel, buffer.device) if corrected.dtype == torch.float32 else None
-    packed, scale = compression.onebit_encode(corrected, workspace=workspace, signs=signs)
-    if state.error_feedback:
-        if bool(torch.isfinite(scale)):
-            compression.onebit_residual_(corrected, scale, signs=signs)
-        else:
-            # Overflow step (the GradScaler skips it): inf - inf would make the residual NaN
-            # forever, so restart this bucket's error feedback from zero.
-            corrected.zero_()
-    payload = compression.pack_onebit_payload(packed, scale)
+    kernels = state._kernels(buffer, world_size)
+    encode = _encode_torch if kernels is None else _encode_compiled
+    payload = encode(state, bucket, precond, kernels)
     gathered = payload.new_empty(world_size * payload.numel())
     bytes_sent = allgather_wire_bytes(payload.numel(), world_size)
     bytes_plain = allreduce_wire_bytes(numel * 4, world_size)
@@ -268,13 +287,20 @@ def onebit_hook(state: OneBitState, bucket: dist.GradBucket) -> torch.futures.Fu
         fut.wait()  # re-raises a failed collective
         decode_start = time.perf_counter()
         payloads = gathered.view(world_size, -1)
-        if buffer.dtype == torch.float32:
-            compression.onebit_decode_mean(payloads, numel, out=buffer)
+        scales = payloads[:, :4].flatten().clone().view(torch.float32)  # [W], aligned
+        if kernels is None:
+            if buffer.dtype == torch.float32:
+                compression.onebit_decode_mean(payloads, numel, out=buffer)
+            else:
+                buffer.copy_(compression.onebit_decode_mean(payloads, numel))
+            if precond is not None:
+                buffer.mul_(precond)
         else:
-            buffer.copy_(compression.onebit_decode_mean(payloads, numel))
-        if precond is not None:
-            buffer.mul_(precond)
-        scales = payloads[:, :4].clone().view(torch.float32)
+            table = compression_compiled.decode_table(scales.numpy())
+            out = buffer.numpy()
+            has_precond = precond is not None
+            factor = precond.numpy() if has_precond else out
+            kernels.decode_mean(payloads.numpy()[:, 4:], table, factor, has_precond, out)
         end = time.perf_counter()
         state._record(
             bytes_sent=bytes_sent,
@@ -290,6 +316,65 @@ def onebit_hook(state: OneBitState, bucket: dist.GradBucket) -> torch.futures.Fu
         return buffer
 
     return future.then(decompress)
+
+
+def _encode_torch(
+    state: OneBitState, bucket: dist.GradBucket, precond: torch.Tensor | None, kernels: None
+) -> torch.Tensor:
+    """The rank's uint8 message (scale, packed signs) with torch ops; updates the residual."""
+    buffer = bucket.buffer()
+    numel = buffer.numel()
+    if state.error_feedback:
+        corrected = state._residual_for(bucket)
+        if precond is None:
+            corrected.add_(buffer)
+        else:
+            corrected.addcdiv_(buffer, precond)
+    elif precond is None:
+        corrected = buffer if buffer.dtype == torch.float32 else buffer.float()
+    else:
+        corrected = buffer.float().div_(precond)
+    workspace = state._sign_workspace(bucket.index(), numel, buffer.device)
+    signs = state._scratch_for(numel, buffer.device) if corrected.dtype == torch.float32 else None
+    packed, scale = compression.onebit_encode(corrected, workspace=workspace, signs=signs)
+    if state.error_feedback:
+        if bool(torch.isfinite(scale)):
+            compression.onebit_residual_(corrected, scale, signs=signs)
+        else:
+            # Overflow step (the GradScaler skips it): inf - inf would make the residual NaN
+            # forever, so restart this bucket's error feedback from zero.
+            corrected.zero_()
+    return compression.pack_onebit_payload(packed, scale)
+
+
+def _encode_compiled(
+    state: OneBitState,
+    bucket: dist.GradBucket,
+    precond: torch.Tensor | None,
+    kernels: compression_compiled.OneBitKernels,
+) -> torch.Tensor:
+    """As :func:`_encode_torch`, with the fused kernels (CPU float32 buckets)."""
+    buffer = bucket.buffer()
+    numel = buffer.numel()
+    if state.error_feedback:
+        corrected, accumulate = state._residual_for(bucket), True
+    else:
+        corrected, accumulate = state._scratch_for(numel, buffer.device)[:numel], False
+    payload = torch.empty(compression.onebit_payload_nbytes(numel), dtype=torch.uint8)
+    grad = buffer.numpy()
+    has_precond = precond is not None
+    factor = precond.numpy() if has_precond else grad
+    abs_sum = kernels.encode(
+        grad, factor, has_precond, corrected.numpy(), accumulate, payload[4:].numpy()
+    )
+    scale = np.float32(abs_sum / numel) if numel else np.float32(0.0)
+    payload.numpy()[:4] = np.array([scale], dtype=np.float32).view(np.uint8)
+    if state.error_feedback:
+        if np.isfinite(scale):
+            kernels.residual(corrected.numpy(), scale)
+        else:  # overflow step: restart this bucket's error feedback (see _encode_torch)
+            corrected.zero_()
+    return payload
 
 
 def _warmup_allreduce(

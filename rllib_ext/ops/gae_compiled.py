@@ -14,16 +14,13 @@ milliseconds instead of compiling again.
 
 from __future__ import annotations
 
-import logging
-import threading
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
-__all__ = ["CompiledKernels", "load"]
+from rllib_ext.ops._jit import LazyKernels
 
-_log = logging.getLogger(__name__)
+__all__ = ["KERNELS", "CompiledKernels", "load"]
 
 
 class CompiledKernels:
@@ -41,14 +38,11 @@ class CompiledKernels:
         self.suffix_sum = suffix_sum
 
 
-_lock = threading.Lock()
-_state: dict[str, Any] = {}
-
-
 def _build() -> CompiledKernels:
     import numba
 
-    jit = numba.njit(cache=True, nogil=True)
+    # error_model="numpy": no Python-style ZeroDivisionError checks (they block vectorizing).
+    jit = numba.njit(cache=True, nogil=True, error_model="numpy")
 
     @jit
     def advantages(v, r, term, trunc, gamma, c, adv):  # pragma: no cover - compiled
@@ -97,20 +91,9 @@ def _smoke(kernels: CompiledKernels) -> None:
         kernels.suffix_sum(x, flags, 0.5, np.empty(3))
 
 
-def load() -> CompiledKernels | None:
-    """The compiled kernels, or ``None`` where numba is not installed or cannot compile.
+KERNELS: LazyKernels[CompiledKernels] = LazyKernels("GAE kernel", _build, _smoke)
 
-    Thread-safe; tries once per process.
-    """
-    if "kernels" not in _state:
-        with _lock:
-            if "kernels" not in _state:
-                kernels: CompiledKernels | None
-                try:
-                    kernels = _build()
-                    _smoke(kernels)
-                except Exception as err:  # ImportError, or a numba/LLVM failure
-                    _log.info("numba GAE kernel unavailable (%s); using the numpy scan", err)
-                    kernels = None
-                _state["kernels"] = kernels
-    return _state["kernels"]
+
+def load() -> CompiledKernels | None:
+    """The compiled kernels, or ``None`` where numba is not installed or cannot compile."""
+    return KERNELS.load()

@@ -466,6 +466,30 @@ def check_onebit_warmup_under_ddp(rank: int) -> dict[str, Any]:
     return {"ratios": [round(r, 1) for r in ratios]}
 
 
+def check_onebit_codecs_agree(rank: int) -> dict[str, Any]:
+    """The compiled codec (default on CPU) and the torch ops decode the same values, through
+    warm-up, preconditioning and error feedback; every rank decodes bit-identically."""
+    numba_state = OneBitState(warmup_steps=2, codec="numba")
+    torch_state = OneBitState(warmup_steps=2, codec="torch")
+    assert numba_state._kernels(torch.zeros(8), WORLD_SIZE) is not None
+    assert OneBitState()._kernels(torch.zeros(8), WORLD_SIZE) is not None  # auto on CPU fp32
+    assert OneBitState()._kernels(torch.zeros(8, dtype=torch.float64), WORLD_SIZE) is None
+    worst = 0.0
+    for t in range(8):
+        g = torch.Generator().manual_seed(10 * t + rank)
+        grads = [torch.randn(37, 11, generator=g), torch.randn(5003, generator=g) * 1e-3]
+        a = _run(onebit_hook, numba_state, [x.clone() for x in grads])
+        b = _run(onebit_hook, torch_state, [x.clone() for x in grads])
+        _assert_same_on_all_ranks(a, "onebit numba codec")
+        # Only the scale mean(|c|) is summed in another order (float64 vs a float32 dot).
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+        worst = max(worst, float(((a - b).abs() / b.abs().clamp(min=1e-12)).max()))
+    torch.testing.assert_close(
+        numba_state.residuals[0], torch_state.residuals[0], rtol=1e-4, atol=1e-6
+    )
+    return {"max_rel_diff": worst}
+
+
 CHECKS = [
     check_fp16_matches_torch,
     check_bf16_on_gloo,
@@ -473,6 +497,7 @@ CHECKS = [
     check_onebit_warmup_then_preconditioned,
     check_onebit_warmup_under_ddp,
     check_onebit_nonfinite_and_state,
+    check_onebit_codecs_agree,
     check_powersgd,
     check_ddp_all_hooks,
 ]

@@ -77,6 +77,11 @@ def test_onebit_error_feedback_bounded_over_200_steps(two_rank_results):
     assert info["no_ef_err_200"] >= 10 * info["ef_err_200"]
 
 
+def test_onebit_compiled_codec_matches_torch_ops(two_rank_results):
+    info = _assert_ok(two_rank_results, "check_onebit_codecs_agree")
+    assert info["max_rel_diff"] < 1e-5
+
+
 def test_onebit_warmup_then_preconditioned_keeps_element_scales(two_rank_results):
     info = _assert_ok(two_rank_results, "check_onebit_warmup_then_preconditioned")
     assert info["small_over_big"] < 1e-2
@@ -136,6 +141,8 @@ def test_bad_types():
         make_comm_hook("powersgd", powersgd_rank="2")
     with pytest.raises(TypeError, match="error_feedback=1"):
         OneBitState(error_feedback=1)
+    with pytest.raises(ValueError, match=r"codec='c'.*\('auto', 'numba', 'torch'\).*Fix"):
+        OneBitState(codec="c")
 
 
 def test_powersgd_start_iter_one_allowed_without_memory():

@@ -308,8 +308,14 @@ def test_auto_uses_numba():
     assert kernel_backend("numpy") == "numpy"
 
 
-def test_without_numba_auto_falls_back_and_numba_is_a_clear_error(monkeypatch):
-    monkeypatch.setitem(gae_compiled._state, "kernels", None)  # as if numba failed to import
+@pytest.fixture
+def without_numba():
+    gae_compiled.KERNELS.set_for_testing(None)  # as if numba failed to import
+    yield
+    gae_compiled.KERNELS.reset()
+
+
+def test_without_numba_auto_falls_back_and_numba_is_a_clear_error(without_numba):
     rng = np.random.default_rng(12)
     term, trunc = _layout("rllib_chunks", 500, rng)
     values, rewards = _inputs(500, 12)
