@@ -193,29 +193,40 @@ def codec_ms(model: nn.Module, world_size: int) -> dict[str, float]:
         kernels.decode_mean(payloads[:, 4:], table, rms.numpy(), True, out.numpy())
 
     matrices, offset = [], 0
+    error = torch.zeros(numel)
     for param in model.parameters():
         rows = param.shape[0]
         cols = param.numel() // rows
         if compression.should_compress_low_rank(rows, cols, POWERSGD_RANK, 2):
             rank = min(rows, cols, POWERSGD_RANK)
             view = grads[offset : offset + param.numel()].view(rows, cols)
-            matrices.append((view, torch.randn(rank, cols), torch.empty(rows, rank)))
+            err = error[offset : offset + param.numel()].view(rows, cols)
+            matrices.append((view, torch.randn(rank, cols), torch.empty(rows, rank), err))
         offset += param.numel()
-    error = torch.zeros(numel)
 
     def powersgd() -> None:
-        # The arithmetic of rllib_ext's powersgd_hook per step: error feedback (add, copy,
-        # subtract), P = M Q, orthogonalise P, Q^T = P^T M, M = P Q^T, finiteness check.
-        grads.add_(error)
-        for matrix, qt, p in matrices:
+        # The arithmetic of rllib_ext's powersgd_hook per step: error feedback, P = M Q,
+        # orthogonalise P, Q^T = P^T M, M = P Q^T and the new error, finiteness check; fused
+        # where the hook fuses it (CPU float32 with the compiled kernels), torch ops otherwise.
+        if kernels is None:
+            grads.add_(error)
+        for matrix, qt, p, err in matrices:
             compression.orthogonalize_(qt.T, epsilon=1e-8)
-            torch.mm(matrix, qt.T, out=p)
+            if kernels is None:
+                torch.mm(matrix, qt.T, out=p)
+            else:
+                kernels.add_error_and_p(matrix.numpy(), err.numpy(), qt.numpy(), p.numpy(), True)
             compression.orthogonalize_(p, epsilon=1e-8)
             torch.mm(p.T, matrix, out=qt)
-        error.copy_(grads)
-        for matrix, qt, p in matrices:
-            torch.mm(p, qt, out=matrix)
-        error.sub_(grads)
+        if kernels is None:
+            error.copy_(grads)
+        for matrix, qt, p, err in matrices:
+            if kernels is None:
+                torch.mm(p, qt, out=matrix)
+            else:
+                kernels.decode_with_error(matrix.numpy(), err.numpy(), p.numpy(), qt.numpy(), True)
+        if kernels is None:
+            error.sub_(grads)
 
     return {
         "allreduce": 0.0,

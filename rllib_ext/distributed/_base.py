@@ -20,8 +20,13 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
+from rllib_ext.ops import compression_compiled
+
 __all__ = [
+    "CODECS",
     "CommHookState",
+    "check_codec",
+    "compiled_codec",
     "allreduce_wire_bytes",
     "allgather_wire_bytes",
     "bucket_fingerprint",
@@ -39,6 +44,38 @@ STATE_FORMAT_VERSION = 1
 # DDP rebuilds its buckets after the first backward pass (iteration 1), so a bucket layout seen
 # at step >= 2 is final. Restored per-bucket tensors that matched no bucket by then are dropped.
 _PENDING_MAX_AGE = 2
+
+
+CODECS = ("auto", "numba", "torch")
+"""Codec arithmetic of the 1-bit and PowerSGD hooks: ``auto`` = the fused numba kernels of
+:mod:`rllib_ext.ops.compression_compiled` for CPU float32 buckets where numba works, torch ops
+otherwise; ``torch`` = always torch ops; ``numba`` = like auto, but numba must load."""
+
+
+def check_codec(codec: str) -> str:
+    """Validates a ``codec`` option (see :data:`CODECS`); returns it."""
+    if codec not in CODECS:
+        raise ValueError(
+            f"codec={codec!r} is not one of {CODECS}. Fix: use 'auto' (compiled kernels "
+            "where they apply), 'torch' or 'numba'."
+        )
+    if codec == "numba" and compression_compiled.load() is None:
+        raise ValueError(
+            "codec='numba' but numba is not importable here (or failed to compile). "
+            "Fix: pip install numba, or use codec='auto'."
+        )
+    return codec
+
+
+def compiled_codec(codec: str, buffer: torch.Tensor) -> compression_compiled.CodecKernels | None:
+    """The compiled kernels where they apply to ``buffer`` (CPU, float32, contiguous) and
+    ``codec`` allows them; ``None`` means torch ops."""
+    if codec == "torch":
+        return None
+    applies = (
+        buffer.device.type == "cpu" and buffer.dtype == torch.float32 and buffer.is_contiguous()
+    )
+    return compression_compiled.load() if applies else None
 
 
 def allreduce_wire_bytes(nbytes: int, world_size: int) -> int:

@@ -15,19 +15,19 @@ import torch
 import torch.distributed as dist
 
 from rllib_ext.distributed._base import (
+    CODECS,
     CommHookState,
     _PendingBuckets,
     all_gather_single,
     allgather_wire_bytes,
     allreduce_wire_bytes,
     bucket_fingerprint,
+    check_codec,
+    compiled_codec,
 )
 from rllib_ext.ops import compression, compression_compiled
 
 __all__ = ["CODECS", "PRECONDITIONER_FLOOR", "OneBitState", "onebit_hook"]
-
-CODECS = ("auto", "numba", "torch")
-"""``auto``: the compiled codec for CPU float32 buckets where numba works, else torch ops."""
 
 PRECONDITIONER_FLOOR = 1e-4
 """Smallest preconditioner, relative to the bucket's mean RMS: a parameter that had (almost) no
@@ -94,16 +94,7 @@ class OneBitState(CommHookState):
                 f"warmup_steps={warmup_steps!r} must be an integer >= 0. "
                 "Fix: e.g. warmup_steps=100 (0 = plain 1-bit from the first step)."
             )
-        if codec not in CODECS:
-            raise ValueError(
-                f"codec={codec!r} is not one of {CODECS}. Fix: use 'auto' (compiled kernels "
-                "where they apply), 'torch' or 'numba'."
-            )
-        if codec == "numba" and compression_compiled.load() is None:
-            raise ValueError(
-                "codec='numba' but numba is not importable here (or failed to compile). "
-                "Fix: pip install numba, or use codec='auto'."
-            )
+        check_codec(codec)
         super().__init__(process_group)
         self.error_feedback = error_feedback
         self.warmup_steps = warmup_steps
@@ -122,17 +113,11 @@ class OneBitState(CommHookState):
 
     def _kernels(
         self, buffer: torch.Tensor, world_size: int
-    ) -> compression_compiled.OneBitKernels | None:
+    ) -> compression_compiled.CodecKernels | None:
         """The compiled codec where it applies to this bucket, else ``None`` (torch ops)."""
-        if self.codec == "torch":
+        if world_size > compression_compiled.MAX_DECODE_RANKS:
             return None
-        applies = (
-            buffer.device.type == "cpu"
-            and buffer.dtype == torch.float32
-            and buffer.is_contiguous()
-            and world_size <= compression_compiled.MAX_DECODE_RANKS
-        )
-        return compression_compiled.load() if applies else None
+        return compiled_codec(self.codec, buffer)
 
     def _accumulate_moment(self, bucket: dist.GradBucket, averaged: torch.Tensor) -> None:
         fingerprint = bucket_fingerprint(bucket)
@@ -351,7 +336,7 @@ def _encode_compiled(
     state: OneBitState,
     bucket: dist.GradBucket,
     precond: torch.Tensor | None,
-    kernels: compression_compiled.OneBitKernels,
+    kernels: compression_compiled.CodecKernels,
 ) -> torch.Tensor:
     """As :func:`_encode_torch`, with the fused kernels (CPU float32 buckets)."""
     buffer = bucket.buffer()

@@ -35,6 +35,8 @@ from rllib_ext.distributed._base import (
     _PendingBuckets,
     allreduce_wire_bytes,
     bucket_fingerprint,
+    check_codec,
+    compiled_codec,
 )
 from rllib_ext.ops import compression
 
@@ -61,6 +63,10 @@ class PowerSGDHookState(CommHookState):
             keeps it 0 and is far below fp32 resolution for ordinary gradients.
         random_seed: seed of the generator that draws Q, identical on all ranks (draws happen
             in the same order everywhere, so ranks stay in step).
+        codec: ``"auto"`` (default): for CPU float32 buckets, error feedback and ``P = M Q``
+            run fused (one pass), and so do ``M = P Q^T`` and the new error (one pass), with
+            the numba kernels of :mod:`rllib_ext.ops.compression_compiled`; torch ops
+            otherwise. ``"torch"``: always torch ops; ``"numba"``: require the kernels.
     """
 
     hook_name = "powersgd"
@@ -73,6 +79,7 @@ class PowerSGDHookState(CommHookState):
         "warm_start",
         "orthogonalization_epsilon",
         "random_seed",
+        "codec",
         # Internal state. Shared by all ranks: the step counter, the generator for Q, per bucket
         # the transposed Q factors (flat) and the layout fingerprint they belong to. Private to
         # this rank: per bucket the error-feedback memory. Restored memory not yet matched.
@@ -95,6 +102,7 @@ class PowerSGDHookState(CommHookState):
         warm_start: bool = True,
         orthogonalization_epsilon: float = 1e-8,
         random_seed: int = 0,
+        codec: str = "auto",
     ) -> None:
         rank = matrix_approximation_rank
         if isinstance(rank, bool) or not isinstance(rank, int):
@@ -131,7 +139,9 @@ class PowerSGDHookState(CommHookState):
                 f"orthogonalization_epsilon={orthogonalization_epsilon!r} must be >= 0. "
                 "Fix: use 1e-8 (default) or 0."
             )
+        check_codec(codec)
         super().__init__(process_group)
+        self.codec = codec
         self.matrix_approximation_rank = rank
         self.start_iter = start_iter
         self.min_compression_rate = min_compression_rate
@@ -256,6 +266,12 @@ def _random_qts(state: PowerSGDHookState, matrices: list[torch.Tensor], qt_flat:
                 views[i].copy_(torch.randn(cols, rows, dtype=qt_flat.dtype).T)
 
 
+def _same_place(memory: torch.Tensor, buffer: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
+    """The view of ``memory`` (laid out like ``buffer``) at ``tensor``'s place in ``buffer``."""
+    start = (tensor.data_ptr() - buffer.data_ptr()) // buffer.element_size()
+    return memory[start : start + tensor.numel()].view(tensor.shape)
+
+
 def _rank_of(state: PowerSGDHookState, matrix: torch.Tensor) -> int:
     return min(matrix.shape[0], matrix.shape[1], state.matrix_approximation_rank)
 
@@ -311,9 +327,22 @@ def powersgd_hook(
     if is_last:
         state.iteration += 1
     error = state.error_memory.get(index) if state.error_feedback else None
-    if error is not None:
-        buffer.add_(error)  # buffer now holds the corrected gradient M
     matrices, uncompressed = _split_bucket(state, bucket)
+    kernels = compiled_codec(state.codec, buffer)
+    storage = buffer.untyped_storage().data_ptr()
+    if kernels is not None and not all(
+        t.is_contiguous() and t.untyped_storage().data_ptr() == storage
+        for t in (*matrices, *uncompressed)
+    ):
+        kernels = None  # the fused path addresses the error memory by offset in the buffer
+    # The buffer becomes the corrected gradient M (+ error). With the compiled codec the
+    # matrices get their error inside add_error_and_p below; the rest here.
+    if error is not None:
+        if kernels is None:
+            buffer.add_(error)
+        else:
+            for tensor in uncompressed:
+                tensor.add_(_same_place(error, buffer, tensor))
 
     # Uncompressed tensors: one contiguous averaging all-reduce, launched first.
     flat_plain = (
@@ -337,7 +366,13 @@ def powersgd_hook(
     ps, offset = [], 0
     for matrix, qt in zip(matrices, qts, strict=True):
         p = p_flat[offset : offset + matrix.shape[0] * qt.shape[0]].view(matrix.shape[0], -1)
-        torch.mm(matrix, qt.T, out=p)
+        if kernels is None:
+            torch.mm(matrix, qt.T, out=p)
+        else:
+            err = matrix if error is None else _same_place(error, buffer, matrix)
+            kernels.add_error_and_p(
+                matrix.numpy(), err.numpy(), qt.numpy(), p.numpy(), error is not None
+            )
         ps.append(p)
         offset += p.numel()
     dist.all_reduce(p_flat, group=group, async_op=True).wait()
@@ -349,7 +384,13 @@ def powersgd_hook(
     if error is None and state.error_feedback:
         error = state.error_memory[index] = torch.empty_like(buffer)
     if error is not None:
-        error.copy_(buffer)  # corrected local gradient; the decoded one is subtracted below
+        # The corrected local gradient; the decoded one is subtracted below (for the
+        # matrices, the compiled decode writes the difference directly).
+        if kernels is None:
+            error.copy_(buffer)
+        else:
+            for tensor in uncompressed:
+                _same_place(error, buffer, tensor).copy_(tensor)
     q_future = dist.all_reduce(qt_flat, group=group, async_op=True).get_future()
     numel_sent = flat_plain.numel() + p_flat.numel() + qt_flat.numel()
     bytes_sent = allreduce_wire_bytes(numel_sent * 4, world_size)
@@ -365,7 +406,13 @@ def powersgd_hook(
             tensor.copy_(flat_plain[offset : offset + tensor.numel()].view_as(tensor))
             offset += tensor.numel()
         for p, qt, matrix in zip(ps, qts, matrices, strict=True):
-            torch.mm(p, qt, out=matrix)
+            if kernels is None:
+                torch.mm(p, qt, out=matrix)
+            else:
+                err = matrix if error is None else _same_place(error, buffer, matrix)
+                kernels.decode_with_error(
+                    matrix.numpy(), err.numpy(), p.numpy(), qt.numpy(), error is not None
+                )
         # The decoded bucket is built from these all-reduced buffers only (identical on every
         # rank), and any inf/NaN in a rank's gradient reaches them. Summing them is far cheaper
         # than scanning the bucket (isfinite over 25M floats: ~170 ms on one core); an fp32
@@ -379,7 +426,11 @@ def powersgd_hook(
         else:
             state.qt_memory[index] = qt_flat
             if error is not None:
-                error.sub_(buffer)
+                if kernels is None:
+                    error.sub_(buffer)
+                else:
+                    for tensor in uncompressed:
+                        _same_place(error, buffer, tensor).sub_(tensor)
         end = time.perf_counter()
         state._record(
             bytes_sent=bytes_sent,

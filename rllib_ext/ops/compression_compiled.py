@@ -1,4 +1,4 @@
-"""Compiled (numba) 1-bit codec: the CPU fast path of :mod:`rllib_ext.ops.compression`.
+"""Compiled (numba) 1-bit and low-rank codecs: the CPU fast path of :mod:`rllib_ext.ops.compression`.
 
 The torch ops of the 1-bit hook each make a pass over the bucket (add the residual, divide by
 the preconditioner, sign bits, pack, scale, residual update, unpack, multiply back): about nine
@@ -12,8 +12,20 @@ passes, ~23 ms per 6.25M floats on one core. These kernels fuse them into three 
 
 Same conventions and rounding as the torch versions (sign = IEEE sign bit; ``c`` and the
 residual are bit-identical; the decoded mean too for two ranks); only ``sum |c|`` is
-accumulated in float64 in a different order than torch's float32 dot. Arrays are 1-D
-contiguous numpy views of CPU tensors (``tensor.numpy()`` shares memory).
+accumulated in float64 in a different order than torch's float32 dot.
+
+PowerSGD's error feedback around a gradient matrix ``M [n, m]`` costs five torch passes
+(``M += E``, ``P = M Q``, ``E = M``, ``M = P Q^T``, ``E -= M``); two fused row-by-row kernels
+do it in two:
+
+* :func:`add_error_and_p` (one pass): ``M += E`` and ``P = M Q`` (``Q`` given as ``Qt [r, m]``);
+* :func:`decode_with_error` (one pass): ``M = P Qt`` and ``E = M_old - M``, per row while the
+  row is in L1.
+
+Their float32 sums run in another order than BLAS's (rounding-level differences); the decode
+has no fastmath, so ranks holding the same ``P`` and ``Qt`` decode bit-identically.
+
+Arrays are contiguous numpy views of CPU tensors (``tensor.numpy()`` shares memory).
 """
 
 from __future__ import annotations
@@ -24,7 +36,7 @@ import numpy as np
 
 from rllib_ext.ops._jit import LazyKernels
 
-__all__ = ["KERNELS", "MAX_DECODE_RANKS", "OneBitKernels", "decode_table", "load"]
+__all__ = ["KERNELS", "MAX_DECODE_RANKS", "CodecKernels", "decode_table", "load"]
 
 _BLOCK = 4096
 """Elements per encode block (16 KB of float32: the block's signs are packed from L1)."""
@@ -32,8 +44,8 @@ MAX_DECODE_RANKS = 8
 """The decode table has ``2^W`` entries; larger groups use the torch decode."""
 
 
-class OneBitKernels:
-    """The jitted 1-bit kernels (see the module docstring for what each computes).
+class CodecKernels:
+    """The jitted kernels (see the module docstring for what each computes).
 
     ``encode(grad, precond, has_precond, acc, accumulate, packed) -> float``:
         ``grad``, ``precond``, ``acc`` ``[n]`` float32 (``precond`` ignored unless
@@ -43,12 +55,18 @@ class OneBitKernels:
     ``decode_mean(bits, table, precond, has_precond, out)``: ``bits`` ``[W, ceil(n/8)]``
         uint8 (row ``r`` from rank ``r``), ``table`` ``[2^W]`` float32 from
         :func:`decode_table`; ``out[i] = table[index of the W sign bits of i] * precond[i]``.
+    ``add_error_and_p(m, e, qt, p, has_error)``: ``m`` ``[n, k]`` float32 in place
+        (``m += e`` if ``has_error``), ``qt`` ``[r, k]``, ``p`` ``[n, r]`` out: ``m @ qt.T``.
+    ``decode_with_error(m, e, p, qt, has_error)``: ``m = p @ qt``; first, if ``has_error``,
+        ``e = m_old - p @ qt``.
     """
 
-    def __init__(self, encode: Callable, residual: Callable, decode_mean: Callable) -> None:
-        self.encode = encode
-        self.residual = residual
-        self.decode_mean = decode_mean
+    def __init__(self, **kernels: Callable) -> None:
+        self.encode = kernels["encode"]
+        self.residual = kernels["residual"]
+        self.decode_mean = kernels["decode_mean"]
+        self.add_error_and_p = kernels["add_error_and_p"]
+        self.decode_with_error = kernels["decode_with_error"]
 
 
 def decode_table(scales: np.ndarray) -> np.ndarray:
@@ -77,7 +95,7 @@ def _expand_table() -> np.ndarray:
     return table
 
 
-def _build() -> OneBitKernels:
+def _build() -> CodecKernels:
     import numba
 
     # error_model="numpy": no ZeroDivisionError branch per division (it blocks vectorizing).
@@ -199,10 +217,65 @@ def _build() -> OneBitKernels:
                 out[lo:hi],
             )
 
-    return OneBitKernels(encode, residual, decode_mean)
+    @jit
+    def add_row(m, e):  # pragma: no cover - compiled
+        for j in range(m.shape[0]):
+            m[j] = m[j] + e[j]
+
+    @sum_jit
+    def dot(a, b):  # pragma: no cover - compiled
+        total = np.float32(0.0)
+        for j in range(a.shape[0]):
+            total += a[j] * b[j]
+        return total
+
+    @jit
+    def add_error_and_p(m, e, qt, p, has_error):  # pragma: no cover - compiled
+        for i in range(m.shape[0]):
+            if has_error:
+                add_row(m[i], e[i])
+            for k in range(qt.shape[0]):
+                p[i, k] = dot(m[i], qt[k])
+
+    @jit
+    def scaled(a, x, out):  # pragma: no cover - compiled
+        for j in range(out.shape[0]):
+            out[j] = a * x[j]
+
+    @jit
+    def add_scaled(a, x, out):  # pragma: no cover - compiled
+        for j in range(out.shape[0]):
+            out[j] = out[j] + a * x[j]
+
+    @jit
+    def split_row(m, e, approx):  # pragma: no cover - compiled
+        for j in range(m.shape[0]):
+            e[j] = m[j] - approx[j]
+            m[j] = approx[j]
+
+    @jit
+    def decode_with_error(m, e, p, qt, has_error):  # pragma: no cover - compiled
+        approx = np.empty(m.shape[1], dtype=np.float32)
+        for i in range(m.shape[0]):
+            # Row i of P Qt, one rank-1 term at a time (vectorised over the row).
+            scaled(p[i, 0], qt[0], approx)
+            for k in range(1, qt.shape[0]):
+                add_scaled(p[i, k], qt[k], approx)
+            if has_error:
+                split_row(m[i], e[i], approx)
+            else:
+                m[i] = approx
+
+    return CodecKernels(
+        encode=encode,
+        residual=residual,
+        decode_mean=decode_mean,
+        add_error_and_p=add_error_and_p,
+        decode_with_error=decode_with_error,
+    )
 
 
-def _smoke(kernels: OneBitKernels) -> None:
+def _smoke(kernels: CodecKernels) -> None:
     x = np.ones(9, dtype=np.float32)
     packed = np.empty(2, dtype=np.uint8)
     kernels.encode(x, x, True, x.copy(), True, packed)
@@ -210,11 +283,16 @@ def _smoke(kernels: OneBitKernels) -> None:
     # The hook passes rows of the gathered [W, 4 + ceil(n/8)] payloads: a strided view.
     bits = np.zeros((2, 6), dtype=np.uint8)[:, 4:]
     kernels.decode_mean(bits, decode_table(np.ones(2, np.float32)), x, True, x.copy())
+    m = np.ones((3, 5), dtype=np.float32)
+    qt = np.ones((2, 5), dtype=np.float32)
+    p = np.empty((3, 2), dtype=np.float32)
+    kernels.add_error_and_p(m, m.copy(), qt, p, True)
+    kernels.decode_with_error(m, m.copy(), p, qt, True)
 
 
-KERNELS: LazyKernels[OneBitKernels] = LazyKernels("1-bit codec", _build, _smoke)
+KERNELS: LazyKernels[CodecKernels] = LazyKernels("compression codecs", _build, _smoke)
 
 
-def load() -> OneBitKernels | None:
-    """The compiled 1-bit kernels, or ``None`` where numba is missing or cannot compile."""
+def load() -> CodecKernels | None:
+    """The compiled codec kernels, or ``None`` where numba is missing or cannot compile."""
     return KERNELS.load()

@@ -490,6 +490,26 @@ def check_onebit_codecs_agree(rank: int) -> dict[str, Any]:
     return {"max_rel_diff": worst}
 
 
+def check_powersgd_codecs_agree(rank: int) -> dict[str, Any]:
+    """PowerSGD with the fused kernels (default on CPU) equals the torch-ops path up to float32
+    rounding, with error feedback and biases, over several steps; ranks stay identical."""
+    states = {
+        codec: PowerSGDHookState(matrix_approximation_rank=2, start_iter=2, codec=codec)
+        for codec in ("numba", "torch")
+    }
+    worst = 0.0
+    for t in range(6):
+        g = torch.Generator().manual_seed(20 * t + rank)
+        grads = [torch.randn(40, 30, generator=g), torch.randn(40, generator=g)]
+        out = {c: _run(powersgd_hook, s, [x.clone() for x in grads]) for c, s in states.items()}
+        _assert_same_on_all_ranks(out["numba"], "powersgd numba codec")
+        torch.testing.assert_close(out["numba"], out["torch"], rtol=1e-4, atol=1e-5)
+        worst = max(worst, float((out["numba"] - out["torch"]).abs().max()))
+    errors = [s.error_memory[0] for s in states.values()]
+    torch.testing.assert_close(errors[0], errors[1], rtol=1e-4, atol=1e-5)
+    return {"max_abs_diff": worst}
+
+
 CHECKS = [
     check_fp16_matches_torch,
     check_bf16_on_gloo,
@@ -499,6 +519,7 @@ CHECKS = [
     check_onebit_nonfinite_and_state,
     check_onebit_codecs_agree,
     check_powersgd,
+    check_powersgd_codecs_agree,
     check_ddp_all_hooks,
 ]
 

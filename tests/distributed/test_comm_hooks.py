@@ -77,6 +77,11 @@ def test_onebit_error_feedback_bounded_over_200_steps(two_rank_results):
     assert info["no_ef_err_200"] >= 10 * info["ef_err_200"]
 
 
+def test_powersgd_compiled_codec_matches_torch_ops(two_rank_results):
+    info = _assert_ok(two_rank_results, "check_powersgd_codecs_agree")
+    assert info["max_abs_diff"] < 1e-4
+
+
 def test_onebit_compiled_codec_matches_torch_ops(two_rank_results):
     info = _assert_ok(two_rank_results, "check_onebit_codecs_agree")
     assert info["max_rel_diff"] < 1e-5
@@ -143,6 +148,8 @@ def test_bad_types():
         OneBitState(error_feedback=1)
     with pytest.raises(ValueError, match=r"codec='c'.*\('auto', 'numba', 'torch'\).*Fix"):
         OneBitState(codec="c")
+    with pytest.raises(ValueError, match=r"codec='gpu'.*Fix"):
+        PowerSGDHookState(codec="gpu", start_iter=2)
 
 
 def test_powersgd_start_iter_one_allowed_without_memory():

@@ -15,7 +15,7 @@ SIZES = [1, 7, 8, 9, 63, 4095, 4096, 4097, 10_001]
 
 
 @pytest.fixture(scope="module")
-def kernels() -> compiled.OneBitKernels:
+def kernels() -> compiled.CodecKernels:
     loaded = compiled.load()
     assert loaded is not None, "numba is a dependency: the compiled codec must load"
     return loaded
@@ -110,3 +110,54 @@ def test_nonfinite_gradient_gives_nonfinite_sum_and_decode(kernels, bad: float):
     out = np.empty(100, dtype=np.float32)
     kernels.decode_mean(bits, table, out, False, out)
     assert not np.isfinite(out).any()
+
+
+# ------------------------------------------------------------------------ PowerSGD (low rank)
+
+
+@pytest.mark.parametrize(("n", "m", "r"), [(1, 1, 1), (7, 13, 1), (64, 33, 4), (300, 257, 2)])
+@pytest.mark.parametrize("has_error", [True, False])
+def test_add_error_and_p_matches_torch(kernels, n: int, m: int, r: int, has_error: bool):
+    g = torch.Generator().manual_seed(n * m + r)
+    matrix, error = torch.randn(n, m, generator=g), torch.randn(n, m, generator=g)
+    qt = torch.randn(r, m, generator=g)
+    corrected = matrix + error if has_error else matrix.clone()
+    p = torch.full((n, r), 9.0)
+    got = matrix.clone()
+    kernels.add_error_and_p(got.numpy(), error.numpy(), qt.numpy(), p.numpy(), has_error)
+    np.testing.assert_array_equal(got.numpy(), corrected.numpy())  # same single rounding
+    want = corrected.double() @ qt.double().T
+    np.testing.assert_allclose(p.numpy(), want.numpy(), rtol=1e-5, atol=1e-5 * m**0.5)
+
+
+@pytest.mark.parametrize(("n", "m", "r"), [(1, 1, 1), (7, 13, 1), (64, 33, 4), (300, 257, 2)])
+@pytest.mark.parametrize("has_error", [True, False])
+def test_decode_with_error_matches_torch(kernels, n: int, m: int, r: int, has_error: bool):
+    g = torch.Generator().manual_seed(n + m * r)
+    matrix = torch.randn(n, m, generator=g)
+    p, qt = torch.randn(n, r, generator=g), torch.randn(r, m, generator=g)
+    approx = (p.double() @ qt.double()).float()
+    got, error = matrix.clone(), torch.full((n, m), 9.0)
+    kernels.decode_with_error(got.numpy(), error.numpy(), p.numpy(), qt.numpy(), has_error)
+    np.testing.assert_allclose(got.numpy(), approx.numpy(), rtol=1e-5, atol=1e-6)
+    if has_error:
+        # e = m_old - decoded, exactly (one rounding of the difference).
+        np.testing.assert_array_equal(error.numpy(), (matrix - got).numpy())
+    else:
+        assert (error == 9.0).all()  # untouched
+
+
+def test_low_rank_roundtrip_is_exact_on_a_rank_r_matrix(kernels):
+    """M = A B (rank 2): with orthonormal P from M Q, M ~ P (P^T M) exactly."""
+    g = torch.Generator().manual_seed(5)
+    matrix = torch.randn(50, 2, generator=g) @ torch.randn(2, 40, generator=g)
+    qt = torch.randn(2, 40, generator=g)
+    p = torch.empty(50, 2)
+    m = matrix.clone()
+    kernels.add_error_and_p(m.numpy(), m.numpy(), qt.numpy(), p.numpy(), False)
+    fast.orthogonalize_(p)
+    qt_new = p.T @ m
+    error = torch.empty(50, 40)
+    kernels.decode_with_error(m.numpy(), error.numpy(), p.numpy(), qt_new.numpy(), True)
+    torch.testing.assert_close(m, matrix, rtol=1e-4, atol=1e-4)
+    assert float(error.abs().max()) < 1e-4
