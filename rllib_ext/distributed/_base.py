@@ -138,7 +138,8 @@ class CommHookState:
       the decompression callback (host time; on CUDA, kernel launch time);
     * ``num_buckets``, ``num_steps`` (steps = calls on the last bucket of a backward pass) and
       ``num_nonfinite_buckets`` (decoded bucket had inf/NaN; counted by the hooks that must reset
-      memory then: ``onebit`` and ``powersgd``).
+      memory then: ``onebit`` and ``powersgd``), ``num_compiled_buckets`` (compressed with the
+      fused numba kernels of :mod:`rllib_ext.ops.compression_compiled`).
     """
 
     hook_name: ClassVar[str] = ""
@@ -156,6 +157,7 @@ class CommHookState:
         "num_buckets",
         "num_steps",
         "num_nonfinite_buckets",
+        "num_compiled_buckets",
         "_stats_lock",
     )
 
@@ -168,6 +170,7 @@ class CommHookState:
         "num_buckets",
         "num_steps",
         "num_nonfinite_buckets",
+        "num_compiled_buckets",
     )
 
     def __init__(self, process_group: dist.ProcessGroup | None = None) -> None:
@@ -192,6 +195,7 @@ class CommHookState:
         decode_time_s: float = 0.0,
         is_last: bool,
         nonfinite: bool = False,
+        compiled: bool = False,
     ) -> None:
         with self._stats_lock:
             self.bytes_sent += bytes_sent
@@ -202,6 +206,7 @@ class CommHookState:
             self.num_buckets += 1
             self.num_steps += int(is_last)
             self.num_nonfinite_buckets += int(nonfinite)
+            self.num_compiled_buckets += int(compiled)
 
     def reset_stats(self) -> None:
         """Zeroes the statistics."""

@@ -295,6 +295,7 @@ def onebit_hook(state: OneBitState, bucket: dist.GradBucket) -> torch.futures.Fu
             decode_time_s=end - decode_start,
             is_last=bucket.is_last(),
             nonfinite=not bool(torch.isfinite(scales).all()),
+            compiled=kernels is not None,
         )
         if bucket.is_last():
             state._pending.end_step(state.hook_name)

@@ -440,6 +440,7 @@ def powersgd_hook(
             decode_time_s=end - decode_start,
             is_last=is_last,
             nonfinite=nonfinite,
+            compiled=kernels is not None,
         )
         return buffer
 

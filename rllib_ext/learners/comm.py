@@ -75,6 +75,9 @@ class CommCompression:
                 reduce="sum",
             )
             metrics.log_value((mid, "comm/compression_ratio"), stats["compression_ratio"], window=1)
+            buckets = stats["num_buckets"]
+            compiled = stats["num_compiled_buckets"] / buckets if buckets else 0.0
+            metrics.log_value((mid, "comm/compiled_codec"), compiled, window=1)
 
     def get_state(self) -> dict[str, Any]:
         return {mid: state.get_state() for mid, state in self.states.items()}
