@@ -38,8 +38,6 @@ from rllib_ext.ops._jit import LazyKernels
 
 __all__ = ["KERNELS", "MAX_DECODE_RANKS", "CodecKernels", "decode_table", "load"]
 
-_BLOCK = 4096
-"""Elements per encode block (16 KB of float32: the block's signs are packed from L1)."""
 MAX_DECODE_RANKS = 8
 """The decode table has ``2^W`` entries; larger groups use the torch decode."""
 
@@ -85,193 +83,15 @@ def decode_table(scales: np.ndarray) -> np.ndarray:
     return (total / np.float32(world_size)).astype(np.float32)
 
 
-def _expand_table() -> np.ndarray:
-    """``[256]`` uint64: byte ``b`` spread out, bit ``k`` of ``b`` -> bit 0 of byte ``k``."""
-    table = np.zeros(256, dtype=np.uint64)
-    for k in range(8):
-        table |= ((np.arange(256, dtype=np.uint64) >> np.uint64(k)) & np.uint64(1)) << np.uint64(
-            8 * k
-        )
-    return table
-
-
 def _build() -> CodecKernels:
-    import numba
-
-    # error_model="numpy": no ZeroDivisionError branch per division (it blocks vectorizing).
-    # fastmath only in the encode sums, and only "reassoc", for the sum |c| reduction: c itself
-    # is one rounding (acc + g/p) that reassociation cannot change; inf/NaN still propagate.
-    sum_jit = numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc"})
-    # No fastmath elsewhere: the decode must round identically on every rank and CPU.
-    jit = numba.njit(cache=True, nogil=True, error_model="numpy")
-    block = _BLOCK
-    spread = np.uint64(0x0102040810204080)  # sum_i 2^(56 - 7i): byte i's bit 0 -> bit 56 + i
-    shift = np.uint64(56)
-    expand = _expand_table()
-
-    # The loops sit in small functions called on block slices: LLVM vectorizes these, but not
-    # the same loops written inline in the block loop (measured 2.3 vs 6.5 ms per 6.25M).
-    @sum_jit
-    def acc_div(grad, precond, acc):  # pragma: no cover - compiled
-        total = 0.0
-        for i in range(acc.shape[0]):
-            c = acc[i] + grad[i] / precond[i]
-            acc[i] = c
-            total += abs(c)
-        return total
-
-    @sum_jit
-    def acc_add(grad, acc):  # pragma: no cover - compiled
-        total = 0.0
-        for i in range(acc.shape[0]):
-            c = acc[i] + grad[i]
-            acc[i] = c
-            total += abs(c)
-        return total
-
-    @sum_jit
-    def set_div(grad, precond, acc):  # pragma: no cover - compiled
-        total = 0.0
-        for i in range(acc.shape[0]):
-            c = grad[i] / precond[i]
-            acc[i] = c
-            total += abs(c)
-        return total
-
-    @sum_jit
-    def set_copy(grad, acc):  # pragma: no cover - compiled
-        total = 0.0
-        for i in range(acc.shape[0]):
-            c = grad[i]
-            acc[i] = c
-            total += abs(c)
-        return total
-
-    @jit
-    def pack(values, signs, words, packed):  # pragma: no cover - compiled
-        m = values.shape[0]
-        for i in range(m):
-            signs[i] = np.signbit(values[i])
-        for i in range(m, signs.shape[0]):
-            signs[i] = 0
-        # Eight 0/1 bytes as one little-endian word; the multiply gathers them into the top
-        # byte without carries (see compression.pack_signs).
-        for w in range(packed.shape[0]):
-            packed[w] = (words[w] * spread) >> shift
-
-    @jit
-    def encode(grad, precond, has_precond, acc, accumulate, packed):  # pragma: no cover
-        n = grad.shape[0]
-        signs = np.zeros(block, dtype=np.uint8)
-        words = signs.view(np.uint64)
-        total = 0.0
-        for lo in range(0, n, block):
-            hi = min(lo + block, n)
-            if has_precond and accumulate:
-                total += acc_div(grad[lo:hi], precond[lo:hi], acc[lo:hi])
-            elif has_precond:
-                total += set_div(grad[lo:hi], precond[lo:hi], acc[lo:hi])
-            elif accumulate:
-                total += acc_add(grad[lo:hi], acc[lo:hi])
-            else:
-                total += set_copy(grad[lo:hi], acc[lo:hi])
-            pack(acc[lo:hi], signs, words, packed[lo // 8 : (hi + 7) // 8])
-        return total
-
-    @jit
-    def residual(acc, scale):  # pragma: no cover - compiled
-        for i in range(acc.shape[0]):
-            acc[i] = acc[i] - np.copysign(scale, acc[i])
-
-    @jit
-    def or_rank_bits(row, rank, words):  # pragma: no cover - compiled
-        # Byte b of rank r -> bit r of eight index bytes at once.
-        r = np.uint64(rank)
-        for j in range(row.shape[0]):
-            words[j] |= expand[row[j]] << r
-
-    @jit
-    def lookup(table, idx, precond, has_precond, out):  # pragma: no cover - compiled
-        if has_precond:
-            for i in range(out.shape[0]):
-                out[i] = table[idx[i]] * precond[i]
-        else:
-            for i in range(out.shape[0]):
-                out[i] = table[idx[i]]
-
-    @jit
-    def decode_mean(bits, table, precond, has_precond, out):  # pragma: no cover - compiled
-        n = out.shape[0]
-        idx = np.zeros(block, dtype=np.uint8)
-        words = idx.view(np.uint64)
-        for lo in range(0, n, block):
-            hi = min(lo + block, n)
-            words[:] = 0
-            for r in range(bits.shape[0]):
-                or_rank_bits(bits[r, lo // 8 : (hi + 7) // 8], r, words)
-            lookup(
-                table,
-                idx[: hi - lo],
-                precond[lo:hi] if has_precond else precond,
-                has_precond,
-                out[lo:hi],
-            )
-
-    @jit
-    def add_row(m, e):  # pragma: no cover - compiled
-        for j in range(m.shape[0]):
-            m[j] = m[j] + e[j]
-
-    @sum_jit
-    def dot(a, b):  # pragma: no cover - compiled
-        total = np.float32(0.0)
-        for j in range(a.shape[0]):
-            total += a[j] * b[j]
-        return total
-
-    @jit
-    def add_error_and_p(m, e, qt, p, has_error):  # pragma: no cover - compiled
-        for i in range(m.shape[0]):
-            if has_error:
-                add_row(m[i], e[i])
-            for k in range(qt.shape[0]):
-                p[i, k] = dot(m[i], qt[k])
-
-    @jit
-    def scaled(a, x, out):  # pragma: no cover - compiled
-        for j in range(out.shape[0]):
-            out[j] = a * x[j]
-
-    @jit
-    def add_scaled(a, x, out):  # pragma: no cover - compiled
-        for j in range(out.shape[0]):
-            out[j] = out[j] + a * x[j]
-
-    @jit
-    def split_row(m, e, approx):  # pragma: no cover - compiled
-        for j in range(m.shape[0]):
-            e[j] = m[j] - approx[j]
-            m[j] = approx[j]
-
-    @jit
-    def decode_with_error(m, e, p, qt, has_error):  # pragma: no cover - compiled
-        approx = np.empty(m.shape[1], dtype=np.float32)
-        for i in range(m.shape[0]):
-            # Row i of P Qt, one rank-1 term at a time (vectorised over the row).
-            scaled(p[i, 0], qt[0], approx)
-            for k in range(1, qt.shape[0]):
-                add_scaled(p[i, k], qt[k], approx)
-            if has_error:
-                split_row(m[i], e[i], approx)
-            else:
-                m[i] = approx
+    from rllib_ext.ops import _codec_kernels as k  # imports numba
 
     return CodecKernels(
-        encode=encode,
-        residual=residual,
-        decode_mean=decode_mean,
-        add_error_and_p=add_error_and_p,
-        decode_with_error=decode_with_error,
+        encode=k.encode,
+        residual=k.residual,
+        decode_mean=k.decode_mean,
+        add_error_and_p=k.add_error_and_p,
+        decode_with_error=k.decode_with_error,
     )
 
 
