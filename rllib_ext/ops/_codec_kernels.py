@@ -35,43 +35,15 @@ SHIFT = np.uint64(56)
 EXPAND = _expand_table()
 
 
-# The loops sit in small functions called on block slices: LLVM vectorizes these, but not
-# the same loops written inline in the block loop (measured 2.3 vs 6.5 ms per 6.25M).
+# The loops sit in small functions called on block slices: LLVM vectorizes these (and hoists
+# the loop-invariant flags out of the loop), but not the same loops written inline in the block
+# loop (measured 2.3 vs 6.5 ms per 6.25M).
 @_sum_jit
-def acc_div(grad, precond, acc):  # pragma: no cover - compiled
+def corrected_block(grad, precond, has_precond, acc, accumulate):  # pragma: no cover
     total = 0.0
     for i in range(acc.shape[0]):
-        c = acc[i] + grad[i] / precond[i]
-        acc[i] = c
-        total += abs(c)
-    return total
-
-
-@_sum_jit
-def acc_add(grad, acc):  # pragma: no cover - compiled
-    total = 0.0
-    for i in range(acc.shape[0]):
-        c = acc[i] + grad[i]
-        acc[i] = c
-        total += abs(c)
-    return total
-
-
-@_sum_jit
-def set_div(grad, precond, acc):  # pragma: no cover - compiled
-    total = 0.0
-    for i in range(acc.shape[0]):
-        c = grad[i] / precond[i]
-        acc[i] = c
-        total += abs(c)
-    return total
-
-
-@_sum_jit
-def set_copy(grad, acc):  # pragma: no cover - compiled
-    total = 0.0
-    for i in range(acc.shape[0]):
-        c = grad[i]
+        g = grad[i] / precond[i] if has_precond else grad[i]
+        c = acc[i] + g if accumulate else g
         acc[i] = c
         total += abs(c)
     return total
@@ -98,14 +70,8 @@ def encode(grad, precond, has_precond, acc, accumulate, packed):  # pragma: no c
     total = 0.0
     for lo in range(0, n, BLOCK):
         hi = min(lo + BLOCK, n)
-        if has_precond and accumulate:
-            total += acc_div(grad[lo:hi], precond[lo:hi], acc[lo:hi])
-        elif has_precond:
-            total += set_div(grad[lo:hi], precond[lo:hi], acc[lo:hi])
-        elif accumulate:
-            total += acc_add(grad[lo:hi], acc[lo:hi])
-        else:
-            total += set_copy(grad[lo:hi], acc[lo:hi])
+        factor = precond[lo:hi] if has_precond else precond
+        total += corrected_block(grad[lo:hi], factor, has_precond, acc[lo:hi], accumulate)
         pack(acc[lo:hi], signs, words, packed[lo // 8 : (hi + 7) // 8])
     return total
 
