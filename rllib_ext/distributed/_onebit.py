@@ -15,7 +15,6 @@ import torch
 import torch.distributed as dist
 
 from rllib_ext.distributed._base import (
-    CODECS,
     CommHookState,
     _PendingBuckets,
     all_gather_single,
@@ -27,7 +26,7 @@ from rllib_ext.distributed._base import (
 )
 from rllib_ext.ops import compression, compression_compiled
 
-__all__ = ["CODECS", "PRECONDITIONER_FLOOR", "OneBitState", "onebit_hook"]
+__all__ = ["PRECONDITIONER_FLOOR", "OneBitState", "onebit_hook"]
 
 PRECONDITIONER_FLOOR = 1e-4
 """Smallest preconditioner, relative to the bucket's mean RMS: a parameter that had (almost) no

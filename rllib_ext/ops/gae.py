@@ -59,7 +59,7 @@ import numpy as np
 from rllib_ext.ops import gae_compiled
 
 __all__ = [
-    "KERNELS",
+    "KERNEL_CHOICES",
     "compute_advantages",
     "compute_value_targets",
     "discounted_suffix_sum",
@@ -67,7 +67,7 @@ __all__ = [
 ]
 
 Kernel = Literal["auto", "numba", "numpy"]
-KERNELS: tuple[str, ...] = ("auto", "numba", "numpy")
+KERNEL_CHOICES: tuple[str, ...] = ("auto", "numba", "numpy")
 
 _BLOCK = 8
 """Row width K of the blocked scan (the gemm is memory-bound; wider rows only add flops)."""
@@ -302,9 +302,9 @@ def _compiled(kernel: str) -> gae_compiled.CompiledKernels | None:
     """The numba kernels for ``kernel`` ("auto": where available), ``None`` for numpy."""
     if kernel == "numpy":
         return None
-    if kernel not in KERNELS:
+    if kernel not in KERNEL_CHOICES:
         raise ValueError(
-            f"kernel={kernel!r} is not one of {KERNELS}. Fix: pass kernel='auto' (numba where "
+            f"kernel={kernel!r} is not one of {KERNEL_CHOICES}. Fix: pass kernel='auto' (numba where "
             "installed, else numpy), 'numba' or 'numpy'."
         )
     compiled = gae_compiled.load()
