@@ -11,8 +11,7 @@ Part 1, kernel: 1,000,000 steps in RLlib's learner layout (episode chunks of 150
 each followed by its bootstrap step; half terminated, half truncated), float32 values and
 rewards, bool flags. Timed in one process, best of N:
 
-* ``rllib_ext.ops.gae.compute_value_targets`` with its default kernel (numba, compiled
-  single pass) and with ``kernel="numpy"`` (the blocked scan used where numba is missing);
+* ``rllib_ext.ops.gae.compute_value_targets`` (numba, compiled single pass);
 * RLlib's ``compute_value_targets`` (the Python loop);
 * the streaming bound: copy the 4 input arrays and write the 2 outputs (float64 advantages,
   float32 targets) with numpy, i.e. the memory traffic any implementation must pay.
@@ -72,7 +71,6 @@ def _best_ms(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
 def _machine_line() -> str:
     import numpy as np
     import ray
-    import scipy
     import torch
 
     cpu = platform.processor() or "?"
@@ -84,7 +82,7 @@ def _machine_line() -> str:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return (
         f"machine: {cpu}, {os.cpu_count()} cores, load {load:.2f} | python "
-        f"{platform.python_version()}, numpy {np.__version__}, scipy {scipy.__version__}, "
+        f"{platform.python_version()}, numpy {np.__version__}, "
         f"torch {torch.__version__} ({torch.get_num_threads()} threads), ray {ray.__version__}"
     )
 
@@ -149,10 +147,6 @@ def bench_kernel(repeats: int) -> str:
     ours_ms, ours_cpu = _best_ms(
         lambda: compute_value_targets(values, rewards, term, trunc, gamma, lambda_), repeats
     )
-    numpy_ms, _ = _best_ms(
-        lambda: compute_value_targets(values, rewards, term, trunc, gamma, lambda_, kernel="numpy"),
-        repeats,
-    )
     rllib_ms, _ = _best_ms(
         lambda: rllib_value_targets(values, rewards, term, trunc, gamma, lambda_), 3
     )
@@ -160,14 +154,9 @@ def bench_kernel(repeats: int) -> str:
     rows = [
         ["RLlib compute_value_targets (loop)", f"{rllib_ms:.1f}", f"{rllib_ms / ours_ms:.0f}x"],
         [
-            f"rllib_ext compute_value_targets ({kernel_backend()}, default)",
+            f"rllib_ext compute_value_targets ({kernel_backend()})",
             f"{ours_ms:.2f}",
             f"1x (CPU/wall {ours_cpu:.2f})",
-        ],
-        [
-            "rllib_ext, numpy blocked scan (no numba)",
-            f"{numpy_ms:.2f}",
-            f"{numpy_ms / ours_ms:.1f}x",
         ],
         [
             "streaming bound (numpy copies)",

@@ -1,4 +1,4 @@
-"""Compiled single-pass GAE loop (numba), the default kernel behind :mod:`rllib_ext.ops.gae`.
+"""Compiled single-pass GAE loop (numba), the kernel behind :mod:`rllib_ext.ops.gae`.
 
 One backward pass over the flat batch reads ``V``, ``r`` and the two flags once and writes
 the advantages (and, fused, the float32 value targets) once: the streaming minimum, plus a
@@ -6,21 +6,25 @@ dependent multiply-add per step. The arithmetic is the textbook loop of
 :mod:`rllib_ext.ops.gae_reference` in the same operation order, so the results are
 bit-identical to it (no ``fastmath``: LLVM may not reassociate or contract to FMA).
 
-numba is imported on first use; where it is missing or fails to compile,
-:func:`load` returns ``None`` and :mod:`rllib_ext.ops.gae` uses its numpy blocked scan. Compiled
-code is cached on disk (``cache=True``), so a new process (a Ray learner) loads it in
-milliseconds instead of compiling again.
+numba (a dependency of rllib-ext) is imported on first use (~0.25 s); where it is missing or
+fails to compile, :func:`load` raises an ``ImportError`` that says how to fix it. Compiled code
+is cached on disk (``cache=True``), so a new process (a Ray learner) loads it in milliseconds
+instead of compiling again.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
-from rllib_ext.ops._jit import LazyKernels
+__all__ = ["CompiledKernels", "load"]
 
-__all__ = ["KERNELS", "CompiledKernels", "load"]
+Kernel = Callable[..., None]
+Array = npt.NDArray[Any]
 
 
 class CompiledKernels:
@@ -32,7 +36,7 @@ class CompiledKernels:
     ``suffix_sum(x, stops, c, out)``: ``out_t = x_t + c * (1 - stops_t) * out_{t+1}``.
     """
 
-    def __init__(self, advantages: Callable, value_targets: Callable, suffix_sum: Callable):
+    def __init__(self, advantages: Kernel, value_targets: Kernel, suffix_sum: Kernel) -> None:
         self.advantages = advantages
         self.value_targets = value_targets
         self.suffix_sum = suffix_sum
@@ -45,7 +49,9 @@ def _build() -> CompiledKernels:
     jit = numba.njit(cache=True, nogil=True, error_model="numpy")
 
     @jit
-    def advantages(v, r, term, trunc, gamma, c, adv):  # pragma: no cover - compiled
+    def advantages(  # pragma: no cover - compiled
+        v: Array, r: Array, term: Array, trunc: Array, gamma: float, c: float, adv: Array
+    ) -> None:
         a = 0.0
         next_v = 0.0  # V_N = 0
         for t in range(v.shape[0] - 1, -1, -1):
@@ -58,7 +64,9 @@ def _build() -> CompiledKernels:
             next_v = vt
 
     @jit
-    def value_targets(v, r, term, trunc, gamma, c, out):  # pragma: no cover - compiled
+    def value_targets(  # pragma: no cover - compiled
+        v: Array, r: Array, term: Array, trunc: Array, gamma: float, c: float, out: Array
+    ) -> None:
         a = 0.0
         next_v = 0.0
         for t in range(v.shape[0] - 1, -1, -1):
@@ -71,7 +79,7 @@ def _build() -> CompiledKernels:
             next_v = vt
 
     @jit
-    def suffix_sum(x, stops, c, out):  # pragma: no cover - compiled
+    def suffix_sum(x: Array, stops: Array, c: float, out: Array) -> None:  # pragma: no cover
         y = 0.0
         for t in range(x.shape[0] - 1, -1, -1):
             xt = np.float64(x[t])
@@ -91,9 +99,20 @@ def _smoke(kernels: CompiledKernels) -> None:
         kernels.suffix_sum(x, flags, 0.5, np.empty(3))
 
 
-KERNELS: LazyKernels[CompiledKernels] = LazyKernels("GAE kernel", _build, _smoke)
+@functools.cache
+def load() -> CompiledKernels:
+    """The compiled kernels, built (or loaded from numba's disk cache) once per process.
 
-
-def load() -> CompiledKernels | None:
-    """The compiled kernels, or ``None`` where numba is not installed or cannot compile."""
-    return KERNELS.load()
+    Raises:
+        ImportError: numba is not installed or cannot compile here.
+    """
+    try:
+        kernels = _build()
+        _smoke(kernels)
+    except Exception as err:  # ImportError, or a numba/LLVM failure
+        raise ImportError(
+            f"The compiled GAE kernel (numba) is unavailable here: {err!r}. numba is a "
+            "dependency of rllib-ext. Fix: pip install 'numba>=0.60' with a matching llvmlite "
+            "(pip install -c constraints.txt numba llvmlite); `rllib-ext doctor` checks it."
+        ) from err
+    return kernels

@@ -1,4 +1,4 @@
-"""Vectorized GAE kernel vs RLlib's own loop (outside oracle) and our plain-loop reference."""
+"""Compiled GAE kernel vs RLlib's own loop (outside oracle) and our plain-loop reference."""
 
 from __future__ import annotations
 
@@ -27,12 +27,6 @@ from rllib_ext.ops.gae_reference import (
 LAYOUTS = ("rllib_chunks", "length_one", "all_terminated", "all_truncated", "no_boundary", "random")
 SIZES = (1, 2, 7, 8, 9, 64, 65, 517, 3001)
 RATES = ((0.0, 0.0), (0.0, 1.0), (1.0, 0.0), (1.0, 1.0), (0.99, 0.95), ("random", "random"))
-
-
-@pytest.fixture(params=("numba", "numpy"))
-def kernel(request) -> str:
-    """Every kernel test runs on both backends (``"numba"`` needs numba, a dependency)."""
-    return request.param
 
 
 def _layout(kind: str, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -101,51 +95,51 @@ def _adv_rel_err(actual: np.ndarray, expected: np.ndarray) -> float:
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize(("gamma", "lambda_"), RATES)
-def test_matches_rllib_and_reference(layout, n, gamma, lambda_, kernel):
+def test_matches_rllib_and_reference(layout, n, gamma, lambda_):
     seed = zlib.crc32(f"{layout}-{n}-{gamma}-{lambda_}".encode())
     rng = np.random.default_rng(seed)
     gamma, lambda_ = _rates(gamma, lambda_, rng)
     term, trunc = _layout(layout, n, rng)
     values, rewards = _inputs(n, seed)
 
-    targets = compute_value_targets(values, rewards, term, trunc, gamma, lambda_, kernel=kernel)
+    targets = compute_value_targets(values, rewards, term, trunc, gamma, lambda_)
     assert targets.dtype == np.float32 and targets.shape == (n,)
     expected = rllib_compute_value_targets(values, rewards, term, trunc, gamma, lambda_)
     assert _target_rel_err(targets, expected, values) < 1e-5
     reference = compute_value_targets_reference(values, rewards, term, trunc, gamma, lambda_)
     assert _target_rel_err(targets, reference, values) < 1e-5
 
-    advantages = compute_advantages(values, rewards, term, trunc, gamma, lambda_, kernel=kernel)
+    advantages = compute_advantages(values, rewards, term, trunc, gamma, lambda_)
     assert advantages.dtype == np.float64
     ref_adv = compute_advantages_reference(values, rewards, term, trunc, gamma, lambda_)
     assert _adv_rel_err(advantages, ref_adv) < 1e-9
 
 
 @pytest.mark.parametrize("layout", ("rllib_chunks", "random", "no_boundary"))
-def test_batched_blas_path(layout, kernel):
-    """Past 16384 steps the row sums go through batched BLAS calls and a second level."""
+def test_long_batch_matches_rllib(layout):
+    """50k steps (thousands of chunks, or one long segment) in one call."""
     n = 50_003
     rng = np.random.default_rng(7)
     term, trunc = _layout(layout, n, rng)
     values, rewards = _inputs(n, 7)
-    targets = compute_value_targets(values, rewards, term, trunc, 0.99, 0.95, kernel=kernel)
+    targets = compute_value_targets(values, rewards, term, trunc, 0.99, 0.95)
     expected = rllib_compute_value_targets(values, rewards, term, trunc, 0.99, 0.95)
     assert _target_rel_err(targets, expected, values) < 1e-5
 
 
 @pytest.mark.parametrize("flag_dtype", (bool, np.float32, np.float64, np.int64))
-def test_flag_dtypes(flag_dtype, kernel):
+def test_flag_dtypes(flag_dtype):
     rng = np.random.default_rng(3)
     term, trunc = _layout("rllib_chunks", 700, rng)
     values, rewards = _inputs(700, 3)
     expected = rllib_compute_value_targets(values, rewards, term, trunc, 0.99, 0.9)
     targets = compute_value_targets(
-        values, rewards, term.astype(flag_dtype), trunc.astype(flag_dtype), 0.99, 0.9, kernel=kernel
+        values, rewards, term.astype(flag_dtype), trunc.astype(flag_dtype), 0.99, 0.9
     )
     assert _target_rel_err(targets, expected, values) < 1e-5
 
 
-def test_torch_input_gives_numpy_float32(kernel):
+def test_torch_input_gives_numpy_float32():
     rng = np.random.default_rng(4)
     term, trunc = _layout("rllib_chunks", 999, rng)
     values, rewards = _inputs(999, 4)
@@ -157,19 +151,18 @@ def test_torch_input_gives_numpy_float32(kernel):
         torch.from_numpy(trunc.astype(np.float32)),
         0.98,
         0.9,
-        kernel=kernel,
     )
     assert isinstance(targets, np.ndarray) and targets.dtype == np.float32
     assert _target_rel_err(targets, expected, values) < 1e-5
 
 
-def test_float64_values_round_like_rllib(kernel):
+def test_float64_values_round_like_rllib():
     rng = np.random.default_rng(5)
     term, trunc = _layout("rllib_chunks", 300, rng)
     values, rewards = _inputs(300, 5)
     values = values.astype(np.float64) / 3.0
     expected = rllib_compute_value_targets(values, rewards, term, trunc, 0.99, 0.95)
-    targets = compute_value_targets(values, rewards, term, trunc, 0.99, 0.95, kernel=kernel)
+    targets = compute_value_targets(values, rewards, term, trunc, 0.99, 0.95)
     assert _target_rel_err(targets, expected, values) < 1e-6
 
 
@@ -177,18 +170,18 @@ def test_float64_values_round_like_rllib(kernel):
     ("gamma", "lambda_"),
     ((1e-30, 1e-10), (1e-5, 1e-36), (1e-160, 1e-160), (1e-300, 1.0), (5e-324, 1.0)),
 )
-def test_tiny_ratio(gamma, lambda_, kernel):
+def test_tiny_ratio(gamma, lambda_):
     """gamma*lambda_ down to the denormal range: powers that underflow are exact zeros."""
     rng = np.random.default_rng(6)
     term, trunc = _layout("rllib_chunks", 20_000, rng)
     values, rewards = _inputs(20_000, 6)
-    advantages = compute_advantages(values, rewards, term, trunc, gamma, lambda_, kernel=kernel)
+    advantages = compute_advantages(values, rewards, term, trunc, gamma, lambda_)
     assert np.all(np.isfinite(advantages))
     reference = compute_advantages_reference(values, rewards, term, trunc, gamma, lambda_)
     assert _adv_rel_err(advantages, reference) < 1e-12
 
 
-def test_hand_computed_example(kernel):
+def test_hand_computed_example():
     """Two chunks in RLlib's learner layout (each ends with its bootstrap step).
 
     Chunk 1 terminates after 3 steps, chunk 2 is cut (truncated) after 2 steps; gamma = 0.5,
@@ -209,50 +202,36 @@ def test_hand_computed_example(kernel):
     rewards = np.array([1, 1, 1, 0, 1, 1, 0], dtype=np.float32)
     term = np.array([0, 0, 1, 0, 0, 0, 0], dtype=bool)
     trunc = np.array([0, 0, 0, 0, 0, 1, 0], dtype=bool)
-    advantages = compute_advantages(values, rewards, term, trunc, 0.5, 0.5, kernel=kernel)
+    advantages = compute_advantages(values, rewards, term, trunc, 0.5, 0.5)
     expected = np.array([0.96875, 0.875, 0.5, 0.28125, 1.125, 0.5, -3.0])
     np.testing.assert_allclose(advantages, expected, rtol=0, atol=1e-15)
     np.testing.assert_allclose(
-        compute_value_targets(values, rewards, term, trunc, 0.5, 0.5, kernel=kernel),
+        compute_value_targets(values, rewards, term, trunc, 0.5, 0.5),
         expected + values,
         atol=1e-6,
     )
 
 
-def test_one_long_segment_memory_is_linear(kernel):
-    """200k steps without any boundary: a single segment must not blow up memory."""
+def test_one_long_segment_allocates_only_the_output():
+    """200k steps without any boundary: float32 values and bool flags are read in place."""
     n = 200_000
     values, rewards = _inputs(n, 8)
     flags = np.zeros(n, dtype=bool)
+    compute_value_targets(values[:8], rewards[:8], flags[:8], flags[:8], 0.999, 0.99)  # load
     tracemalloc.start()
     try:
-        targets = compute_value_targets(values, rewards, flags, flags, 0.999, 0.99, kernel=kernel)
+        targets = compute_value_targets(values, rewards, flags, flags, 0.999, 0.99)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    # float64 input and output of the last matmul (2 x 8 B/step), float32 result (4 B/step),
-    # ~1/8 of that for the row levels.
-    assert peak < 3 * n * 8, f"peak {peak / 1e6:.1f} MB for {n} steps"
+    # The float32 result (4 B/step) and no [N] float64 temporary (8 B/step).
+    assert peak < 4 * n + 65536, f"peak {peak / 1e6:.2f} MB for {n} steps"
     reference = compute_value_targets_reference(values, rewards, flags, flags, 0.999, 0.99)
     assert _target_rel_err(targets, reference, values) < 1e-5
 
 
-def test_dense_boundaries_memory_is_linear(kernel):
-    """Every step a boundary: the sparse corrections stay O(N) too."""
-    n = 100_000
-    values, rewards = _inputs(n, 9)
-    term, trunc = _layout("length_one", n, np.random.default_rng(9))
-    tracemalloc.start()
-    try:
-        compute_value_targets(values, rewards, term, trunc, 0.99, 0.95, kernel=kernel)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert peak < 12 * n * 8, f"peak {peak / 1e6:.1f} MB for {n} steps"
-
-
 @pytest.mark.parametrize("c", (0.0, 0.3, 1.0))
-def test_discounted_suffix_sum(c, kernel):
+def test_discounted_suffix_sum(c):
     rng = np.random.default_rng(10)
     x = rng.normal(size=2000)
     stops = rng.random(2000) < 0.05
@@ -261,30 +240,26 @@ def test_discounted_suffix_sum(c, kernel):
     for t in range(x.size - 1, -1, -1):
         acc = x[t] + (0.0 if stops[t] else c * acc)
         expected[t] = acc
-    np.testing.assert_allclose(
-        discounted_suffix_sum(x, stops, c, kernel=kernel), expected, rtol=1e-12, atol=1e-12
-    )
+    np.testing.assert_allclose(discounted_suffix_sum(x, stops, c), expected, rtol=1e-12, atol=1e-12)
 
 
-def test_empty_batch(kernel):
+def test_empty_batch():
     empty = np.zeros(0, dtype=np.float32)
     flags = np.zeros(0, dtype=bool)
-    assert compute_value_targets(empty, empty, flags, flags, 0.99, 0.95, kernel=kernel).shape == (
-        0,
-    )
+    assert compute_value_targets(empty, empty, flags, flags, 0.99, 0.95).shape == (0,)
 
 
 @pytest.mark.parametrize(("gamma", "lambda_"), ((1.01, 0.9), (0.99, -0.1), (float("nan"), 0.9)))
-def test_rejects_rates_outside_unit_interval(gamma, lambda_, kernel):
+def test_rejects_rates_outside_unit_interval(gamma, lambda_):
     x = np.zeros(4, dtype=np.float32)
     with pytest.raises(ValueError, match="outside \\[0, 1\\]"):
-        compute_advantages(x, x, x, x, gamma, lambda_, kernel=kernel)
+        compute_advantages(x, x, x, x, gamma, lambda_)
 
 
-def test_rejects_mismatched_lengths(kernel):
+def test_rejects_mismatched_lengths():
     x = np.zeros(4, dtype=np.float32)
     with pytest.raises(ValueError, match="4, 3, 4, 4 steps"):
-        compute_advantages(x, x[:3], x, x, 0.99, 0.95, kernel=kernel)
+        compute_advantages(x, x[:3], x, x, 0.99, 0.95)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -302,32 +277,40 @@ def test_compiled_kernel_is_bit_identical_to_reference(layout):
     np.testing.assert_array_equal(targets, expected)
 
 
-def test_auto_uses_numba():
-    """numba is a dependency, so the default kernel is the compiled one."""
+def test_kernel_backend_reports_numba():
+    """numba is a dependency: the compiled kernel loads (doctor and `gae/compiled` say so)."""
     assert kernel_backend() == "numba"
-    assert kernel_backend("numpy") == "numpy"
+    assert kernel_backend("numba") == "numba"
 
 
-@pytest.fixture
-def without_numba():
-    gae_compiled.KERNELS.set_for_testing(None)  # as if numba failed to import
-    yield
-    gae_compiled.KERNELS.reset()
-
-
-def test_without_numba_auto_falls_back_and_numba_is_a_clear_error(without_numba):
-    rng = np.random.default_rng(12)
-    term, trunc = _layout("rllib_chunks", 500, rng)
-    values, rewards = _inputs(500, 12)
-    assert kernel_backend() == "numpy"
-    targets = compute_value_targets(values, rewards, term, trunc, 0.99, 0.95)
-    expected = compute_value_targets(values, rewards, term, trunc, 0.99, 0.95, kernel="numpy")
-    np.testing.assert_array_equal(targets, expected)
-    with pytest.raises(ValueError, match="kernel='numba' but numba is not importable.*Fix"):
-        compute_advantages(values, rewards, term, trunc, 0.99, 0.95, kernel="numba")
+def test_removed_numpy_kernel_is_a_clear_error():
+    x = np.zeros(4, dtype=np.float32)
+    with pytest.raises(ValueError, match="kernel='numpy' was removed.*Fix: drop the kernel"):
+        compute_advantages(x, x, x, x, 0.99, 0.95, kernel="numpy")
 
 
 def test_rejects_unknown_kernel():
     x = np.zeros(4, dtype=np.float32)
-    with pytest.raises(ValueError, match="kernel='cuda' is not one of .*'numpy'.*Fix"):
+    with pytest.raises(ValueError, match="kernel='cuda' is not one of \\('auto', 'numba'\\).*Fix"):
         compute_advantages(x, x, x, x, 0.99, 0.95, kernel="cuda")
+
+
+@pytest.fixture
+def numba_broken(monkeypatch):
+    """As if numba failed to import: the next load builds again and fails."""
+
+    def fail() -> gae_compiled.CompiledKernels:
+        raise ImportError("No module named 'numba'")
+
+    gae_compiled.load.cache_clear()
+    monkeypatch.setattr(gae_compiled, "_build", fail)
+    yield
+    monkeypatch.undo()
+    gae_compiled.load.cache_clear()
+
+
+def test_without_numba_the_error_says_how_to_fix_it(numba_broken):
+    x = np.zeros(4, dtype=np.float32)
+    with pytest.raises(ImportError, match="No module named 'numba'.*Fix: pip install 'numba"):
+        compute_value_targets(x, x, x, x, 0.99, 0.95)
+    assert kernel_backend() == "unavailable"
