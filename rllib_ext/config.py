@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import logging
 from typing import Any
 
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
@@ -22,16 +21,18 @@ from ray.rllib.algorithms.ppo import PPOConfig as _RLlibPPOConfig
 from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 from ray.rllib.utils.annotations import override
 
-from rllib_ext.settings import (
-    ExtensionSettings,
-    check_comm_resources,
-    extension_keys,
-    split_extension_kwargs,
+from rllib_ext.config_checks import amp_env_runner_class, check_algorithm_config, check_rates
+from rllib_ext.envs import register_envs
+from rllib_ext.settings import ExtensionSettings, extension_keys, split_extension_kwargs
+from rllib_ext.smac_config import (  # noqa: F401 (re-exported: they lived here before)
+    SHARED_POLICY_ID,
+    add_callback,
+    apply_smac_defaults,
+    shared_policy_mapping,
+    smac_default_rl_module_spec,
 )
 
 __all__ = ["PPO", "PPOConfig"]
-
-logger = logging.getLogger(__name__)
 
 
 def _training_parameters() -> frozenset[str]:
@@ -46,16 +47,6 @@ def _training_parameters() -> frozenset[str]:
 
 _RLLIB_TRAINING_KEYS = _training_parameters()
 _MODEL_CONFIG_KEYS = frozenset(f.name for f in dataclasses.fields(DefaultModelConfig))
-
-
-def _check_unit_interval(name: str, value: Any) -> None:
-    if value is NotProvided or value is None:
-        return
-    if not isinstance(value, (int, float)) or not 0.0 <= float(value) <= 1.0:
-        raise ValueError(
-            f"{name}={value!r} is out of range; allowed: a number in [0, 1]. "
-            f"Fix: pass e.g. .training({name}={0.95 if name == 'lambda_' else 0.99})."
-        )
 
 
 def _model_overrides(model: Any) -> dict[str, Any]:
@@ -81,30 +72,6 @@ def _model_overrides(model: Any) -> dict[str, Any]:
             "models to .rl_module(rl_module_spec=...)."
         )
     return model
-
-
-def add_callback(config: AlgorithmConfig, callback: type) -> None:
-    """Adds ``callback`` to ``config.callbacks_class`` unless it (or a subclass) is there.
-
-    Keeps the user's callbacks; RLlib's do-nothing default ``RLlibCallback`` is replaced.
-    """
-    from ray.rllib.callbacks.callbacks import RLlibCallback
-
-    existing = config.callbacks_class
-    classes = list(existing) if isinstance(existing, (list, tuple)) else [existing]
-    if any(isinstance(c, type) and issubclass(c, callback) for c in classes):
-        return
-    classes = [c for c in classes if c not in (None, RLlibCallback)] + [callback]
-    config.callbacks(classes if len(classes) > 1 else classes[0])
-
-
-SHARED_POLICY_ID = "shared_policy"
-"""The policy every SMAC agent maps to when the config leaves policies unset."""
-
-
-def shared_policy_mapping(agent_id: Any, *args: Any, **kwargs: Any) -> str:
-    """Policy mapping of parameter sharing: every agent -> :data:`SHARED_POLICY_ID`."""
-    return SHARED_POLICY_ID
 
 
 class PPOConfig(_RLlibPPOConfig):
@@ -137,8 +104,7 @@ class PPOConfig(_RLlibPPOConfig):
                     f"nor an rllib_ext flag ({', '.join(extension_keys())}). Fix: check the "
                     "spelling; old RLlib names are listed in the rllib_ext README."
                 )
-        _check_unit_interval("lambda_", rest.get("lambda_", NotProvided))
-        _check_unit_interval("gamma", rest.get("gamma", NotProvided))
+        check_rates({k: rest[k] for k in ("lambda_", "gamma") if rest.get(k) is not None})
         model = rest.get("model", NotProvided)
         if model is not NotProvided and model is not None:
             model = _model_overrides(model)
@@ -150,6 +116,7 @@ class PPOConfig(_RLlibPPOConfig):
             # tutorial's `model={"fcnet_hiddens": ...}` means the RLModule's model_config.
             self.rl_module(model_config={**self._model_config_dict(), **model})
         self.learner_config_dict.update(ext)
+        self._apply_derived_settings()
         return self
 
     def _model_config_dict(self) -> dict[str, Any]:
@@ -173,62 +140,70 @@ class PPOConfig(_RLlibPPOConfig):
 
     @override(_RLlibPPOConfig)
     def validate(self) -> None:
-        self._setup_smac()
-        if self.extension_settings.amp.amp_inference:
-            self._use_amp_env_runners()
-        super().validate()
-        _check_unit_interval("lambda_", self.lambda_)
-        _check_unit_interval("gamma", self.gamma)
-        # Raises a ValueError naming key/allowed values for bad dict-route input
-        # (`update_from_dict`, Tune param spaces, YAML files).
-        settings = ExtensionSettings.from_learner_config_dict(self.learner_config_dict)
-        for message in check_comm_resources(
-            settings.comm,
-            num_learners=self.num_learners,
-            num_gpus_per_learner=self.num_gpus_per_learner,
-        ):
-            logger.warning(message)
+        """RLlib's checks plus :func:`rllib_ext.config_checks.check_algorithm_config`.
 
-    def _setup_smac(self) -> None:
-        """For a SMAC env, fills in what the user left at RLlib's defaults (idempotent).
-
-        * policies: one ``"shared_policy"`` for all agents (parameter sharing, the SMAC norm);
-        * RLModule: :class:`~rllib_ext.modules.MaskedPPOTorchRLModule` per policy, with the
-          central critic when ``.rl_module(model_config={"central_critic": True})``;
-        * callbacks: :class:`~rllib_ext.envs.smac.SMACMetricsCallback` added (``win_rate``...).
-
-        Explicit ``.multi_agent()``, ``.rl_module(rl_module_spec=...)`` and callbacks are kept.
+        Reads the config and changes nothing; what rllib_ext fills in (SMAC policies and
+        callback, the AMP env runner) is set with the flags, see ``_apply_derived_settings``.
         """
-        from rllib_ext.envs import is_smac_env
+        super().validate()
+        # Errors only: the learner logs the warnings, once per run.
+        check_algorithm_config(self)
 
-        if not is_smac_env(self.env):
-            return
-        from rllib_ext.envs.smac import SMACMetricsCallback
-        from rllib_ext.modules import CENTRAL_CRITIC_KEY, smac_module_spec
+    # -- what the flags imply, set when they are set (never in validate) -----------------------
 
-        if not self.is_multi_agent:
-            self.multi_agent(policies={SHARED_POLICY_ID}, policy_mapping_fn=shared_policy_mapping)
-        if self._rl_module_spec is None:
-            central = bool(self._model_config_dict().get(CENTRAL_CRITIC_KEY, False))
-            self.rl_module(
-                rl_module_spec=smac_module_spec(
-                    policy_ids=sorted(self.policies), central_critic=central
-                )
-            )
-        add_callback(self, SMACMetricsCallback)
+    @override(_RLlibPPOConfig)
+    def get_default_rl_module_spec(self) -> Any:
+        return smac_default_rl_module_spec(self) or super().get_default_rl_module_spec()
 
-    def _use_amp_env_runners(self) -> None:
-        from rllib_ext.env_runners import AMPMultiAgentEnvRunner, AMPSingleAgentEnvRunner
+    @override(AlgorithmConfig)
+    def environment(self, *args: Any, **kwargs: Any) -> PPOConfig:
+        super().environment(*args, **kwargs)
+        self._apply_derived_settings()
+        return self
 
-        wanted = AMPMultiAgentEnvRunner if self.is_multi_agent else AMPSingleAgentEnvRunner
-        if self.env_runner_cls is None:
-            self.env_runner_cls = wanted
-        elif not issubclass(self.env_runner_cls, wanted):
-            raise ValueError(
-                f"amp_inference=True needs env_runner_cls={wanted.__name__} (or a subclass), "
-                f"got {self.env_runner_cls.__name__}. Fix: derive your env runner from "
-                f"rllib_ext.env_runners.{wanted.__name__} or set amp_inference=False."
-            )
+    @override(AlgorithmConfig)
+    def multi_agent(self, *args: Any, **kwargs: Any) -> PPOConfig:
+        super().multi_agent(*args, **kwargs)
+        self._apply_derived_settings()
+        return self
+
+    @override(AlgorithmConfig)
+    def callbacks(self, *args: Any, **kwargs: Any) -> PPOConfig:
+        super().callbacks(*args, **kwargs)
+        self._apply_derived_settings()
+        return self
+
+    @override(AlgorithmConfig)
+    def learners(self, *args: Any, **kwargs: Any) -> PPOConfig:
+        super().learners(*args, **kwargs)
+        self._apply_derived_settings()
+        return self
+
+    @override(AlgorithmConfig)
+    def env_runners(self, *args: Any, **kwargs: Any) -> PPOConfig:
+        super().env_runners(*args, **kwargs)
+        self._apply_derived_settings()
+        return self
+
+    @override(AlgorithmConfig)
+    def update_from_dict(self, config_dict: Any) -> PPOConfig:
+        super().update_from_dict(config_dict)
+        self._apply_derived_settings()
+        return self
+
+    def _apply_derived_settings(self) -> None:
+        """Fills in what the flags imply; idempotent, explicit user choices are kept.
+
+        * SMAC env: shared policy + SMAC metrics callback (:mod:`rllib_ext.smac_config`);
+        * ``amp_inference=True``: the AMP env runner matching single/multi-agent, unless the
+          user chose an env-runner class (then ``validate()`` checks it).
+        """
+        apply_smac_defaults(self)
+        if self.learner_config_dict.get("amp_inference") is True:
+            from rllib_ext.env_runners import AMPMultiAgentEnvRunner, AMPSingleAgentEnvRunner
+
+            if self.env_runner_cls in (None, AMPSingleAgentEnvRunner, AMPMultiAgentEnvRunner):
+                self.env_runner_cls = amp_env_runner_class(self)
 
 
 class PPO(_RLlibPPO):
@@ -242,3 +217,7 @@ class PPO(_RLlibPPO):
     @override(_RLlibPPO)
     def get_default_config(cls) -> PPOConfig:
         return PPOConfig()
+
+
+# `from rllib_ext.config import PPOConfig` registers the SMAC env names like `rllib_ext.PPOConfig`.
+register_envs()

@@ -7,49 +7,56 @@ Both ways of switching components on read these classes:
 * the stock ``ray.rllib.algorithms.ppo.PPOConfig().learners(learner_class=PPOExtTorchLearner,
   learner_config_dict={"gae": "vectorized"})`` puts them there directly.
 
-The learner builds an :class:`ExtensionSettings` from that dict with
-:meth:`ExtensionSettings.from_learner_config_dict`, so a bad value fails the same way on
-both routes: a ``ValueError`` naming the key, the allowed values and the fix.
+Each field declares everything about one setting: its type (a ``Literal`` lists the choices),
+its default, its range (``metadata={"bounds": ...}``) and its docstring. Validation, the
+``rllib-ext`` command-line flags and their help are derived from the fields
+(:func:`setting_specs`), so a new setting is one edit here. Checks that involve the rest of the
+RLlib config live in :mod:`rllib_ext.config_checks`.
+
+No Ray or torch import: the command line reads this module to build its ``--help``.
 """
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
+
+from rllib_ext._validation import (
+    Bounds,
+    SettingSpec,
+    check_bool,
+    check_fields,
+    field_specs,
+    unknown_keys_error,
+)
 
 __all__ = [
     "AMP_MODES",
     "AMPSettings",
+    "BATCHING_IMPLS",
+    "BatchingSettings",
     "COMM_BACKENDS",
     "COMPRESSORS",
     "CompressionSettings",
-    "BATCHING_IMPLS",
-    "GAE_IMPLS",
-    "STANDARDIZE_MODES",
     "ExtensionSettings",
     "GAESettings",
-    "check_comm_resources",
+    "GAE_IMPLS",
+    "STANDARDIZE_MODES",
+    "SettingSpec",
+    "TRAINING_ALIASES",
     "extension_keys",
+    "setting_specs",
     "split_extension_kwargs",
 ]
 
-GAE_IMPLS: tuple[str, ...] = ("rllib", "vectorized")
-BATCHING_IMPLS: tuple[str, ...] = ("rllib", "vectorized")
-STANDARDIZE_MODES: tuple[str, ...] = ("all", "masked", "none")
-AMP_MODES: tuple[Any, ...] = (False, "fp16", "bf16", "auto")
-COMPRESSORS: tuple[Any, ...] = (None, "fp16", "bf16", "powersgd", "onebit")
-COMM_BACKENDS: tuple[str, ...] = ("auto", "nccl", "gloo")
+
+def _bounds(**kwargs: Any) -> dict[str, Any]:
+    return {"bounds": Bounds(**kwargs)}
 
 
-def _check_choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(
-            f"{key}={value!r} is not supported; allowed values: "
-            f"{', '.join(repr(a) for a in allowed)}. "
-            f"Fix: pass one of them, e.g. .training({key}={allowed[-1]!r})."
-        )
+def _check_fields(settings: Any) -> None:
+    check_fields(settings, example=lambda key, value: f".training({key}={value!r})")
 
 
 @dataclass(frozen=True)
@@ -57,26 +64,19 @@ class GAESettings:
     """Generalized advantage estimation in the PPO learner connector."""
 
     gae: Literal["rllib", "vectorized"] = "vectorized"
-    """``"vectorized"``: rllib_ext's exact loop-free kernel and connector; ``"rllib"``: RLlib's
-    own ``GeneralAdvantageEstimation`` (unchanged)."""
-
-    batching: Literal["rllib", "vectorized"] = "vectorized"
-    """How the learner turns episodes into the train batch. ``"vectorized"``: one fused pass
-    (``rllib_ext.connectors.batching``) in place of RLlib's seven default pieces from
-    ``AddOneTsToEpisodesAndTruncate`` to ``BatchIndividualItems``, same batch, same episodes
-    afterwards; it runs RLlib's pieces itself where it cannot be exact (stateful modules,
-    custom pieces in between). ``"rllib"``: RLlib's pieces, unchanged."""
+    """Advantage estimation: rllib_ext's exact loop-free kernel or RLlib's own connector.
+    ``"vectorized"``: rllib_ext's kernel and connector; ``"rllib"``: RLlib's own
+    ``GeneralAdvantageEstimation`` (unchanged)."""
 
     standardize_advantages: Literal["all", "masked", "none"] = "all"
-    """``"all"`` reproduces RLlib: mean/std over every row of the train batch, including the
-    one bootstrap row that RLlib appends to each episode chunk (masked out of the loss).
-    ``"masked"`` uses only the rows the loss sees; ``"none"`` leaves advantages raw.
-    Only ``"all"`` is available with ``gae="rllib"``."""
+    """Advantage standardization over all rows (RLlib), only the rows the loss sees, or none.
+    ``"all"`` reproduces RLlib: mean/std over every row of the train batch, including the one
+    bootstrap row that RLlib appends to each episode chunk (masked out of the loss).
+    ``"masked"`` uses only the rows the loss sees; ``"none"`` leaves advantages raw. Only
+    ``"all"`` is available with ``gae="rllib"``."""
 
     def __post_init__(self) -> None:
-        _check_choice("gae", self.gae, GAE_IMPLS)
-        _check_choice("batching", self.batching, BATCHING_IMPLS)
-        _check_choice("standardize_advantages", self.standardize_advantages, STANDARDIZE_MODES)
+        _check_fields(self)
         if self.gae == "rllib" and self.standardize_advantages != "all":
             raise ValueError(
                 f"standardize_advantages={self.standardize_advantages!r} needs gae='vectorized': "
@@ -85,34 +85,42 @@ class GAESettings:
             )
 
 
-def _check_number(key: str, value: Any, ok: bool, allowed: str, example: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok:
-        raise ValueError(
-            f"{key}={value!r} is out of range; allowed: {allowed}. "
-            f"Fix: pass e.g. .training({key}={example!r})."
-        )
+@dataclass(frozen=True)
+class BatchingSettings:
+    """How the learner turns episodes into the train batch."""
+
+    batching: Literal["rllib", "vectorized"] = "vectorized"
+    """Episodes to train batch: rllib_ext's fused pass or RLlib's own connector pieces.
+    ``"vectorized"``: one fused pass (``rllib_ext.connectors.batching``) in place of RLlib's seven default pieces from
+    ``AddOneTsToEpisodesAndTruncate`` to ``BatchIndividualItems``, same batch, same episodes
+    afterwards; it runs RLlib's pieces itself where it cannot be exact (stateful modules, custom
+    pieces in between). ``"rllib"``: RLlib's pieces, unchanged."""
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
 
 
 @dataclass(frozen=True)
 class AMPSettings:
     """Automatic mixed precision for the PPO learner update (forward and loss under autocast)."""
 
-    amp: Literal[False, "fp16", "bf16", "auto"] = False
-    """``False``: fp32 (RLlib's behaviour). ``"fp16"``: float16 autocast with dynamic loss
-    scaling (``torch.amp.GradScaler``). ``"bf16"``: bfloat16 autocast, no scaling needed.
-    ``"auto"``: fp16 on CUDA, bf16 on CPUs with native bf16 (AVX512-BF16/AMX), else off; the
-    choice is logged. ``True`` is read as ``"auto"``."""
+    amp: Literal[False, "fp16", "bf16", "auto"] = field(default=False, metadata={"example": "auto"})
+    """Mixed precision for the learner update: fp16 (loss scaling), bf16, auto or off (fp32).
+    ``False``: fp32 (RLlib's behaviour). ``"fp16"``: float16 autocast with dynamic loss scaling (``torch.amp.GradScaler``).
+    ``"bf16"``: bfloat16 autocast, no scaling needed. ``"auto"``: fp16 on CUDA, bf16 on CPUs with
+    native bf16 (AVX512-BF16/AMX), else off; the choice is logged. ``True`` is read as
+    ``"auto"``."""
 
-    amp_init_scale: float = 1024.0
+    amp_init_scale: float = field(default=1024.0, metadata=_bounds(gt=0))
     """fp16 only: initial loss scale (the tutorial's ``fp16_loss_scaling``)."""
 
-    amp_growth_factor: float = 2.0
+    amp_growth_factor: float = field(default=2.0, metadata=_bounds(gt=1))
     """fp16 only: the scale is multiplied by this after ``amp_growth_interval`` clean steps."""
 
-    amp_backoff_factor: float = 0.5
+    amp_backoff_factor: float = field(default=0.5, metadata=_bounds(gt=0, lt=1))
     """fp16 only: the scale is multiplied by this after a step with inf/nan gradients."""
 
-    amp_growth_interval: int = 200
+    amp_growth_interval: int = field(default=200, metadata=_bounds(integer=True, ge=1))
     """fp16 only: consecutive finite-gradient steps before the scale grows."""
 
     amp_inference: bool = False
@@ -123,36 +131,7 @@ class AMPSettings:
             object.__setattr__(self, "amp", "auto")
         if self.amp is None:
             object.__setattr__(self, "amp", False)
-        _check_choice("amp", self.amp, AMP_MODES)
-        _check_number(
-            "amp_init_scale", self.amp_init_scale, self.amp_init_scale > 0, "a number > 0", 1024.0
-        )
-        _check_number(
-            "amp_growth_factor",
-            self.amp_growth_factor,
-            self.amp_growth_factor > 1,
-            "a number > 1",
-            2.0,
-        )
-        _check_number(
-            "amp_backoff_factor",
-            self.amp_backoff_factor,
-            0 < self.amp_backoff_factor < 1,
-            "a number in (0, 1)",
-            0.5,
-        )
-        _check_number(
-            "amp_growth_interval",
-            self.amp_growth_interval,
-            isinstance(self.amp_growth_interval, int) and self.amp_growth_interval >= 1,
-            "an integer >= 1",
-            200,
-        )
-        if not isinstance(self.amp_inference, bool):
-            raise ValueError(
-                f"amp_inference={self.amp_inference!r}; allowed: True, False. "
-                "Fix: .training(amp_inference=True)."
-            )
+        _check_fields(self)
         if self.amp_inference and self.amp is False:
             raise ValueError(
                 "amp_inference=True needs a precision to run inference in, but amp=False. "
@@ -164,95 +143,67 @@ class AMPSettings:
 class CompressionSettings:
     """Gradient compression between learners (DDP communication hooks; ``num_learners >= 2``)."""
 
-    grad_compression: Literal[None, "fp16", "bf16", "powersgd", "onebit"] = None
-    """``None``: DDP's plain fp32 all-reduce (RLlib's behaviour). ``"fp16"``/``"bf16"``: cast
-    on the wire (bf16 works on gloo too). ``"powersgd"``: low-rank (``powersgd_rank``) with error
-    feedback. ``"onebit"``: sign bits + one scale per bucket over all-gather, error feedback."""
+    grad_compression: Literal[None, "fp16", "bf16", "powersgd", "onebit"] = field(
+        default=None, metadata={"example": "powersgd"}
+    )
+    """Compression of the gradients exchanged between learners (needs ``num_learners >= 2``).
+    ``None``: DDP's plain fp32 all-reduce (RLlib's behaviour). ``"fp16"``/``"bf16"``: cast on the wire (bf16 works on gloo
+    too). ``"powersgd"``: low-rank (``powersgd_rank``) with error feedback. ``"onebit"``: sign
+    bits + one scale per bucket over all-gather, error feedback."""
 
-    powersgd_rank: int = 4
+    powersgd_rank: int = field(default=4, metadata=_bounds(integer=True, ge=1))
     """PowerSGD: rank of the gradient approximation (1-4 typical; higher = closer, more bytes)."""
 
-    powersgd_start_iter: int = 10
+    powersgd_start_iter: int = field(default=10, metadata=_bounds(integer=True, ge=1))
     """PowerSGD: plain all-reduce for this many steps first (must be > 1 with error feedback)."""
 
     compression_error_feedback: bool = True
     """PowerSGD/1-bit: carry the compression error into the next step (per rank)."""
 
-    onebit_warmup_steps: int = 100
-    """1-bit: plain all-reduce for this many update steps, recording each gradient element's
-    RMS; then 1-bit compression of ``g / rms`` (the frozen RMS, identical on all ranks), the
+    onebit_warmup_steps: int = field(default=100, metadata=_bounds(integer=True, ge=0))
+    """1-bit: plain all-reduce steps that record each gradient element's RMS first.
+    After them, 1-bit compression of ``g / rms`` (the frozen RMS, identical on all ranks), the
     1-bit Adam recipe. 0 = plain scaled-sign 1-bit from the first step."""
 
     comm_backend: Literal["auto", "nccl", "gloo"] = "auto"
-    """Process-group backend the learners communicate over; ``"auto"``: NCCL on GPU learners,
-    gloo on CPU learners (Ray Train's choice). Checked against the learners' resources."""
+    """Process-group backend of the learners (``"auto"``: NCCL on GPUs, gloo on CPUs).
+    ``"auto"`` is Ray Train's choice. Checked against the learners' resources."""
 
     def __post_init__(self) -> None:
         if self.grad_compression is False:
             object.__setattr__(self, "grad_compression", None)
-        _check_choice("grad_compression", self.grad_compression, COMPRESSORS)
-        _check_choice("comm_backend", self.comm_backend, COMM_BACKENDS)
-        _check_number(
-            "powersgd_rank",
-            self.powersgd_rank,
-            isinstance(self.powersgd_rank, int) and self.powersgd_rank >= 1,
-            "an integer >= 1",
-            4,
-        )
-        _check_number(
-            "powersgd_start_iter",
-            self.powersgd_start_iter,
-            isinstance(self.powersgd_start_iter, int)
-            and self.powersgd_start_iter >= (2 if self.compression_error_feedback else 1),
-            "an integer >= 2 with error feedback (DDP rebuilds its buckets after step 1), else >= 1",
-            10,
-        )
-        _check_number(
-            "onebit_warmup_steps",
-            self.onebit_warmup_steps,
-            isinstance(self.onebit_warmup_steps, int) and self.onebit_warmup_steps >= 0,
-            "an integer >= 0",
-            100,
-        )
-        if not isinstance(self.compression_error_feedback, bool):
+        _check_fields(self)
+        if self.compression_error_feedback and self.powersgd_start_iter < 2:
             raise ValueError(
-                f"compression_error_feedback={self.compression_error_feedback!r}; allowed: "
-                "True, False. Fix: .training(compression_error_feedback=True)."
+                f"powersgd_start_iter={self.powersgd_start_iter!r} is out of range; allowed: an "
+                "integer >= 2 with error feedback (DDP rebuilds its buckets after step 1), else "
+                ">= 1. Fix: pass e.g. .training(powersgd_start_iter=10)."
             )
 
 
-def check_comm_resources(
-    comm: CompressionSettings, *, num_learners: int, num_gpus_per_learner: float
-) -> list[str]:
-    """Checks the compression settings against the learners' resources.
+_COMPONENTS: tuple[type, ...] = (GAESettings, BatchingSettings, AMPSettings, CompressionSettings)
 
-    Returns:
-        Warnings (settings that are valid but have no effect).
 
-    Raises:
-        ValueError: for a backend the learners cannot use.
-    """
-    on_gpu = num_gpus_per_learner > 0
-    if comm.comm_backend == "nccl" and not on_gpu:
-        raise ValueError(
-            "comm_backend='nccl' but the learners have no GPU (num_gpus_per_learner=0); NCCL "
-            "only runs between GPUs. Fix: comm_backend='auto' (gloo on CPUs) or "
-            ".learners(num_gpus_per_learner=1)."
-        )
-    if comm.comm_backend == "gloo" and on_gpu:
-        raise ValueError(
-            "comm_backend='gloo' with GPU learners is not supported: RLlib's learner group "
-            "(Ray Train) creates an NCCL process group whenever learners have GPUs. "
-            "Fix: comm_backend='auto' or 'nccl'."
-        )
-    warnings = []
-    if comm.grad_compression is not None and num_learners < 2:
-        warnings.append(
-            f"grad_compression={comm.grad_compression!r} has no effect with num_learners="
-            f"{num_learners}: gradients are only exchanged between 2 or more learners. "
-            "Set .learners(num_learners=2) or more to use it."
-        )
-    return warnings
+def setting_specs() -> tuple[SettingSpec, ...]:
+    """Every flat extension key with its type, choices, default, range and docstring."""
+    return tuple(spec for comp in _COMPONENTS for spec in field_specs(comp))
+
+
+def extension_keys() -> tuple[str, ...]:
+    """All flat keys the extension understands, in declaration order."""
+    return tuple(spec.name for spec in setting_specs())
+
+
+def _choices(name: str) -> tuple[Any, ...]:
+    return next(spec.choices for spec in setting_specs() if spec.name == name)
+
+
+GAE_IMPLS: tuple[str, ...] = _choices("gae")
+STANDARDIZE_MODES: tuple[str, ...] = _choices("standardize_advantages")
+BATCHING_IMPLS: tuple[str, ...] = _choices("batching")
+AMP_MODES: tuple[Any, ...] = _choices("amp")
+COMPRESSORS: tuple[Any, ...] = _choices("grad_compression")
+COMM_BACKENDS: tuple[str, ...] = _choices("comm_backend")
 
 
 def _communication_alias(block: Any) -> dict[str, Any]:
@@ -262,12 +213,14 @@ def _communication_alias(block: Any) -> dict[str, Any]:
             f"communication={block!r} must be a dict like "
             '{"type": "NCCL", "compression": True, "grad_clip": 0.5}.'
         )
-    allowed = {"type", "compression", "grad_clip"}
-    unknown = sorted(set(block) - allowed)
+    allowed = ("type", "compression", "grad_clip")
+    unknown = sorted(set(block) - set(allowed))
     if unknown:
-        raise ValueError(
-            f"communication keys {unknown} are not supported; allowed: {sorted(allowed)}. "
-            "Fix: use grad_compression=..., comm_backend=..., grad_clip=... directly."
+        raise unknown_keys_error(
+            unknown,
+            allowed,
+            what="communication key(s)",
+            fix="use grad_compression=..., comm_backend=..., grad_clip=... directly.",
         )
     out: dict[str, Any] = {}
     if "type" in block:
@@ -281,31 +234,19 @@ def _communication_alias(block: Any) -> dict[str, Any]:
     return out
 
 
-_COMPONENTS: tuple[type, ...] = (GAESettings, AMPSettings, CompressionSettings)
+def _fp16_alias(value: Any) -> Any:
+    check_bool("fp16", value, example=".training(amp='fp16') (fp16=True is its old name)")
+    return "fp16" if value else False
+
 
 # Old (2023 tutorial / pre-2.10 RLlib) spellings accepted by `rllib_ext.PPOConfig.training()`.
 # Each maps to exactly one current setting (the function converts the value).
-TRAINING_ALIASES: dict[str, tuple[str, Any]] = {
+TRAINING_ALIASES: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "num_sgd_iter": ("num_epochs", lambda v: v),
     "sgd_minibatch_size": ("minibatch_size", lambda v: v),
-    "fp16": ("amp", lambda v: "fp16" if v else False),
+    "fp16": ("amp", _fp16_alias),
     "fp16_loss_scaling": ("amp_init_scale", lambda v: v),
 }
-
-
-def extension_keys() -> tuple[str, ...]:
-    """All flat keys the extension understands, in declaration order."""
-    return tuple(f.name for comp in _COMPONENTS for f in fields(comp))
-
-
-def _unknown_key_error(key: str, where: str) -> ValueError:
-    allowed = extension_keys()
-    close = difflib.get_close_matches(key, allowed, n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    return ValueError(
-        f"Unknown rllib_ext setting {key!r} in {where}.{hint} Allowed keys: "
-        f"{', '.join(allowed)}. Fix: remove the key or use one of the allowed names."
-    )
 
 
 @dataclass(frozen=True)
@@ -313,6 +254,7 @@ class ExtensionSettings:
     """All component settings of one learner."""
 
     gae: GAESettings = field(default_factory=GAESettings)
+    batching: BatchingSettings = field(default_factory=BatchingSettings)
     amp: AMPSettings = field(default_factory=AMPSettings)
     comm: CompressionSettings = field(default_factory=CompressionSettings)
 
@@ -325,15 +267,21 @@ class ExtensionSettings:
         Raises:
             ValueError: for an unknown key or a bad value.
         """
-        known = set(extension_keys())
-        for key in flat:
-            if key not in known:
-                raise _unknown_key_error(key, where)
+        known = extension_keys()
+        unknown = [key for key in flat if key not in known]
+        if unknown:
+            raise unknown_keys_error(
+                unknown,
+                known,
+                what=f"rllib_ext setting(s) in {where}",
+                fix="remove the key or use one of the allowed names.",
+            )
         parts = {}
-        for comp in _COMPONENTS:
-            names = {f.name for f in fields(comp)}
-            parts[comp] = comp(**{k: v for k, v in flat.items() if k in names})
-        return cls(gae=parts[GAESettings], amp=parts[AMPSettings], comm=parts[CompressionSettings])
+        for f in fields(cls):
+            comp = f.default_factory  # type: ignore[misc]
+            names = {spec.name for spec in field_specs(comp)}  # type: ignore[arg-type]
+            parts[f.name] = comp(**{k: v for k, v in flat.items() if k in names})
+        return cls(**parts)
 
     @classmethod
     def from_learner_config_dict(
@@ -354,13 +302,17 @@ class ExtensionSettings:
     def to_flat(self) -> dict[str, Any]:
         """The flat ``learner_config_dict`` form (inverse of :meth:`from_flat`)."""
         out: dict[str, Any] = {}
-        for comp in (self.gae, self.amp, self.comm):
-            out.update(asdict(comp))
+        for f in fields(self):
+            out.update(asdict(getattr(self, f.name)))
         return out
 
 
-def split_extension_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Splits ``.training(**kwargs)`` into (extension flags, RLlib kwargs), resolving aliases."""
+def split_extension_kwargs(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Splits ``.training(**kwargs)`` into (extension flags, RLlib kwargs), resolving aliases.
+
+    Raises:
+        ValueError: an alias given together with its new name, or a bad alias value.
+    """
     known = set(extension_keys())
     ext: dict[str, Any] = {}
     rest: dict[str, Any] = {}

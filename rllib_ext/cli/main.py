@@ -12,7 +12,8 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from rllib_ext.cli.runconfig import ALL_OPTIONS, CLIError
+from rllib_ext.cli.options import ALL_OPTIONS, GROUPS
+from rllib_ext.cli.runconfig import CLIError
 
 __all__ = ["main"]
 
@@ -30,22 +31,33 @@ class _Parser(argparse.ArgumentParser):
         raise CLIError(f"{message}. Fix: see '{self.prog} --help'.")
 
 
-def _build_parser() -> _Parser:
-    from rllib_ext import __version__
+def _version() -> str:
+    # From the installed metadata: `import rllib_ext.__version__` would not import Ray, but the
+    # package's public names do, and --help must stay fast.
+    from importlib.metadata import PackageNotFoundError, version
 
+    try:
+        return version("rllib-ext")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _build_parser() -> _Parser:
     parser = _Parser(prog="rllib-ext", description=__doc__.splitlines()[0], allow_abbrev=False)
-    parser.add_argument("--version", action="version", version=f"rllib-ext {__version__}")
+    parser.add_argument("--version", action="version", version=f"rllib-ext {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="{train,evaluate,profile,doctor}")
 
     train = commands.add_parser(
         "train",
         help="train PPO (default: CartPole-v1 until the mean return reaches 450)",
-        description="Train PPO with rllib_ext.PPOConfig. Flags override --config YAML keys, "
-        "which override the settings saved with a --resume checkpoint.",
+        description="Train PPO with rllib_ext.PPOConfig. Precedence, highest first: flags, "
+        "--set, --training, --config YAML keys, the settings saved with a --resume checkpoint, "
+        "defaults. rllib_ext keys (amp, gae, ...) follow the same order wherever they are given, "
+        "also inside --training or a YAML 'training:' mapping.",
         allow_abbrev=False,
     )
-    _add_run_options(train)
-    train.add_argument(
+    groups = _add_run_options(train, command="train")
+    groups["run"].add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -57,10 +69,11 @@ def _build_parser() -> _Parser:
         "profile",
         help="where a training iteration's time goes (breakdown, PyTorch profiler trace)",
         description="Run warm-up, timed and one traced training iteration with the train "
-        "flags; write breakdown.json, breakdown.txt, trace/learner.pt.trace.json.gz and top_ops.txt.",
+        "flags that shape an iteration (env, resources, PPO, rllib_ext components); write "
+        "breakdown.json, breakdown.txt, trace/learner.pt.trace.json.gz and top_ops.txt.",
         allow_abbrev=False,
     )
-    _add_run_options(profile)
+    _add_run_options(profile, command="profile")
     profile.add_argument(
         "--iterations", default="3", metavar="N", help="timed iterations (default: 3)"
     )
@@ -106,20 +119,43 @@ def _build_parser() -> _Parser:
     return parser
 
 
-def _add_run_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+def _add_run_options(
+    parser: argparse.ArgumentParser, *, command: str
+) -> dict[str, argparse._ArgumentGroup]:
+    """The option table's flags in ``--help`` groups; ``profile`` gets no train-only flag.
+
+    Every flag defaults to "not given" (``argparse.SUPPRESS``) so that YAML keys and
+    ``--training`` values are only overridden by flags the user typed; the help line shows the
+    one effective default.
+    """
+    groups = {key: parser.add_argument_group(title) for key, title in GROUPS.items()}
+    groups["run"].add_argument(
         "--config",
         metavar="FILE.yaml",
-        help="YAML file with the flags' keys (e.g. 'num_env_runners: 1'); command-line flags win",
+        help="YAML file with the flags' keys (e.g. 'num_env_runners: 1', 'training: {lr: 1e-4}'); "
+        "command-line flags win",
     )
     for option in ALL_OPTIONS:
-        parser.add_argument(
+        if option.train_only and command != "train":
+            continue
+        groups[option.group].add_argument(
             option.flag,
             dest=option.key,
             metavar=option.metavar or option.key.upper(),
             default=argparse.SUPPRESS,
-            help=f"{option.help} (default: {option.default!r})",
+            help=option.help_text,
         )
+    groups["ppo"].add_argument(
+        "--set",
+        dest="set_values",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one PPOConfig.training() key (repeatable), e.g. --set lr=1e-4 --set amp=bf16; the "
+        "value is read as JSON (numbers, true/false, null, lists) or else as text; beats "
+        "--training (default: none)",
+    )
+    return groups
 
 
 def _option_values(args: argparse.Namespace) -> dict[str, str]:
@@ -130,7 +166,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from rllib_ext.cli.runconfig import resolve_settings
     from rllib_ext.cli.train import summary_table, train
 
-    settings = resolve_settings(_option_values(args), config_file=args.config)
+    settings = resolve_settings(
+        _option_values(args), config_file=args.config, set_values=args.set_values
+    )
     result = train(settings, progress=args.progress)
     print(summary_table(result))
     return EXIT_INTERRUPTED if result.interrupted else EXIT_OK
@@ -148,7 +186,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
                 f"--stock profiles RLlib's own PPO, which has no {', '.join(given)}. "
                 "Fix: drop --stock to profile rllib_ext, or drop those flags."
             )
-    settings = resolve_settings(values, config_file=args.config)
+    settings = resolve_settings(values, config_file=args.config, set_values=args.set_values)
     result = profile(
         settings,
         iterations=args.iterations,

@@ -1,9 +1,14 @@
 """The option table of ``rllib-ext train``: one :class:`Option` row per setting.
 
 A row names the key (the YAML key and, with dashes, the command-line flag), how to convert and
-check a value, the default and the example used in the error message. Adding an rllib_ext
-extension flag (``--amp``, ``--grad-compression``...) means adding one row to
-:data:`EXTENSION_OPTIONS`; its value is passed to ``rllib_ext.PPOConfig.training(key=value)``.
+check a value, the default and the example used in the error message, and the ``--help`` group.
+
+:data:`CORE_OPTIONS` are written here by hand. :data:`EXTENSION_OPTIONS` are generated from the
+fields of :class:`rllib_ext.settings.ExtensionSettings` (type, choices, default, range, help from
+the field's docstring), so every extension key has a flag and a new setting needs no edit here;
+their values are passed to ``rllib_ext.PPOConfig.training(key=value)``.
+
+No Ray or torch import: ``rllib-ext --help`` builds its parser from this table.
 """
 
 from __future__ import annotations
@@ -14,9 +19,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rllib_ext.settings import BATCHING_IMPLS, GAE_IMPLS, STANDARDIZE_MODES
+from rllib_ext._validation import Bounds, SettingSpec, is_allowed
+from rllib_ext.settings import setting_specs
 
-__all__ = ["ALL_OPTIONS", "CORE_OPTIONS", "DEFAULT_TRAINING", "EXTENSION_OPTIONS", "Option"]
+__all__ = [
+    "ALL_OPTIONS",
+    "CORE_OPTIONS",
+    "DEFAULT_TRAINING",
+    "EXTENSION_OPTIONS",
+    "GROUPS",
+    "Option",
+    "display",
+    "parse_set_value",
+]
 
 # --------------------------------------------------------------------------------------------
 # Value converters. Each takes a command-line string or a YAML value and returns the typed
@@ -89,26 +104,73 @@ def _json_object(value: Any) -> dict[str, Any]:
     return dict(value)
 
 
-def _named_choice(names: Mapping[str, Any]) -> Callable[[Any], Any]:
-    """Like :func:`_choice`, for settings whose off value is not a string (``off`` -> False)."""
+def display(value: Any) -> str:
+    """How a setting value is spelled on the command line (``False`` -> ``off``, ``None`` ->
+    ``none``, booleans ``true``/``false``)."""
+    if value is None:
+        return "none"
+    if value is False:
+        return "false"
+    if value is True:
+        return "true"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _choice_names(spec: SettingSpec) -> dict[str, Any]:
+    # `amp`'s off value is False: spelled "off" there, like "none" for grad_compression.
+    return {("off" if c is False else display(c)): c for c in spec.choices}
+
+
+def _choice(spec: SettingSpec) -> Callable[[Any], Any]:
+    names = _choice_names(spec)
 
     def convert(value: Any) -> Any:
-        if value in names.values() and not isinstance(value, str) or value is None:
+        if isinstance(value, str) and value in names:
+            return names[value]
+        if not isinstance(value, str) and is_allowed(value, spec.choices):
             return value
-        if value not in names:
-            raise ValueError(f"is not supported; allowed values: {', '.join(names)}")
-        return names[value]
+        raise ValueError(f"is not supported; allowed values: {', '.join(names)}")
 
     return convert
 
 
-def _choice(allowed: tuple[str, ...]) -> Callable[[Any], str]:
-    def convert(value: Any) -> str:
-        if value not in allowed:
-            raise ValueError(f"is not supported; allowed values: {', '.join(allowed)}")
+_TRUE = ("true", "yes", "on", "1")
+_FALSE = ("false", "no", "off", "0")
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
         return value
+    if isinstance(value, str) and value.lower() in _TRUE + _FALSE:
+        return value.lower() in _TRUE
+    raise ValueError("must be true or false")
+
+
+def _number(bounds: Bounds) -> Callable[[Any], Any]:
+    def convert(value: Any) -> Any:
+        _reject_bool(value)
+        number: Any = value
+        if isinstance(value, str):
+            try:
+                number = int(value) if bounds.integer else float(value)
+            except ValueError:
+                number = math.nan
+        elif bounds.integer and isinstance(value, float) and value.is_integer():
+            number = int(value)
+        if not bounds.contains(number):
+            raise ValueError(f"must be {bounds.describe()}")
+        return number
 
     return convert
+
+
+def parse_set_value(text: str) -> Any:
+    """The value of ``--set key=VALUE``: JSON (numbers, true/false/null, lists, objects) or
+    else the text itself (``--set amp=bf16``)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
 
 
 # --------------------------------------------------------------------------------------------
@@ -128,10 +190,31 @@ class Option:
     example: str
     """A good value, shown in the error message's fix (``--num-learners 0``)."""
     metavar: str | None = None
+    group: str = "run"
+    """The ``--help`` section, a key of :data:`GROUPS`."""
+    default_text: str | None = None
+    """The default as ``--help`` shows it, when ``display(default)`` would not say it."""
+    train_only: bool = False
+    """Only ``rllib-ext train`` takes it (stop criteria, checkpoints, run directory)."""
 
     @property
     def flag(self) -> str:
         return "--" + self.key.replace("_", "-")
+
+    @property
+    def help_text(self) -> str:
+        """The help line with exactly one default."""
+        return f"{self.help} (default: {self.default_text or display(self.default)})"
+
+
+GROUPS: dict[str, str] = {
+    "run": "run: stop criteria, checkpoints, output",
+    "env": "environment",
+    "resources": "resources: Ray, env runners, learners",
+    "ppo": "PPO hyper-parameters (any PPOConfig.training() key)",
+    "rllib_ext": "rllib_ext components (PPOConfig.training() flags of rllib_ext)",
+}
+"""``--help`` sections, in order."""
 
 
 CORE_OPTIONS: tuple[Option, ...] = (
@@ -143,6 +226,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
         "'pkg.module.Class' path",
         example="CartPole-v1",
         metavar="ENV",
+        group="env",
     ),
     Option(
         "env_config",
@@ -151,6 +235,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
         help="env keyword arguments as a JSON object",
         example="'{\"max_episode_steps\": 200}'",
         metavar="JSON",
+        group="env",
     ),
     Option(
         "stop_reward",
@@ -159,6 +244,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
         help="stop once env_runners/episode_return_mean reaches this ('none': never)",
         example="450",
         metavar="R",
+        train_only=True,
     ),
     Option(
         "stop_timesteps",
@@ -167,6 +253,8 @@ CORE_OPTIONS: tuple[Option, ...] = (
         help="stop after this many sampled env steps (lifetime, also across --resume)",
         example="100000",
         metavar="N",
+        train_only=True,
+        default_text="no limit",
     ),
     Option(
         "time_budget",
@@ -175,6 +263,8 @@ CORE_OPTIONS: tuple[Option, ...] = (
         help="stop after this many seconds of training (checked after each iteration)",
         example="600",
         metavar="SECONDS",
+        train_only=True,
+        default_text="no limit",
     ),
     Option(
         "num_env_runners",
@@ -183,6 +273,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
         help="remote EnvRunner actors (0: sample in the driver process, best on 2 cores)",
         example="0",
         metavar="N",
+        group="resources",
     ),
     Option(
         "num_envs_per_env_runner",
@@ -191,6 +282,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
         help="vectorized env copies per EnvRunner (cheap envs sample much faster batched)",
         example="8",
         metavar="N",
+        group="resources",
     ),
     Option(
         "num_learners",
@@ -199,6 +291,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
         help="remote Learner actors (0: one learner in the driver process)",
         example="0",
         metavar="N",
+        group="resources",
     ),
     Option(
         "num_gpus_per_learner",
@@ -207,23 +300,28 @@ CORE_OPTIONS: tuple[Option, ...] = (
         help="GPUs per learner (with --num-learners 0: 1 means the driver's learner uses a GPU)",
         example="0",
         metavar="G",
+        group="resources",
     ),
     Option(
         "training",
         convert=_json_object,
         default={},
-        help="extra PPOConfig.training() arguments as a JSON object, e.g. '{\"lr\": 1e-4}'; they "
-        "override the CartPole-tuned defaults",
+        help="PPOConfig.training() arguments as a JSON object, e.g. '{\"lr\": 1e-4}', over the "
+        "CartPole-tuned defaults (lr 3e-4, train_batch_size 2000, minibatch_size 250, num_epochs "
+        "10); rllib_ext keys are allowed here too",
         example="'{\"lr\": 0.0003}'",
         metavar="JSON",
+        group="ppo",
     ),
     Option(
         "checkpoint_dir",
         convert=_optional(_text),
         default=None,
-        help="where checkpoints go (default: RUN_DIR/checkpoints)",
+        help="where checkpoints go",
         example="checkpoints",
         metavar="DIR",
+        train_only=True,
+        default_text="RUN_DIR/checkpoints",
     ),
     Option(
         "checkpoint_freq",
@@ -232,6 +330,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
         help="checkpoint every N iterations (0: only at the end); always once at the end",
         example="10",
         metavar="N",
+        train_only=True,
     ),
     Option(
         "resume",
@@ -240,6 +339,8 @@ CORE_OPTIONS: tuple[Option, ...] = (
         help="restore this checkpoint (or run directory) and continue training",
         example="PATH",
         metavar="PATH",
+        train_only=True,
+        default_text="start fresh",
     ),
     Option(
         "address",
@@ -248,79 +349,59 @@ CORE_OPTIONS: tuple[Option, ...] = (
         help="join this Ray cluster (ray.init(address=...)) instead of starting a local Ray",
         example="auto",
         metavar="ADDRESS",
+        group="resources",
+        default_text="start a local Ray",
     ),
     Option(
         "seed",
         convert=_optional(_int_at_least(0)),
         default=None,
-        help="random seed (default: drawn at start and recorded in summary.json)",
+        help="random seed, recorded in summary.json",
         example="0",
         metavar="N",
+        group="env",
+        default_text="drawn at start",
     ),
     Option(
         "run_dir",
         convert=_optional(_text),
         default=None,
-        help="output directory (default: ./rllib_ext_runs/ENV_YYYYmmdd-HHMMSS)",
+        help="output directory",
         example="runs/cartpole",
         metavar="DIR",
+        train_only=True,
+        default_text="./rllib_ext_runs/ENV_YYYYmmdd-HHMMSS",
     ),
 )
 
-EXTENSION_OPTIONS: tuple[Option, ...] = (
-    Option(
-        "gae",
-        convert=_choice(GAE_IMPLS),
-        default="vectorized",
-        help="advantage estimation: rllib_ext's loop-free kernel or RLlib's own connector",
-        example="vectorized",
-    ),
-    Option(
-        "batching",
-        convert=_choice(BATCHING_IMPLS),
-        default="vectorized",
-        help="episodes -> train batch: rllib_ext's fused pass or RLlib's own connector pieces",
-        example="vectorized",
-    ),
-    Option(
-        "standardize_advantages",
-        convert=_choice(STANDARDIZE_MODES),
-        default="all",
-        help="advantage standardization over 'all' rows (RLlib), only 'masked' rows, or 'none'",
-        example="all",
-    ),
-    Option(
-        "amp",
-        convert=_named_choice({"off": False, "fp16": "fp16", "bf16": "bf16", "auto": "auto"}),
-        default=False,
-        help="mixed precision for the learner update: fp16 (loss scaling), bf16, auto or off",
-        example="auto",
-    ),
-    Option(
-        "grad_compression",
-        convert=_named_choice(
-            {
-                "none": None,
-                "fp16": "fp16",
-                "bf16": "bf16",
-                "powersgd": "powersgd",
-                "onebit": "onebit",
-            }
-        ),
-        default=None,
-        help="compress gradients exchanged between learners (needs --num-learners >= 2)",
-        example="powersgd",
-    ),
-    Option(
-        "powersgd_rank",
-        convert=_int_at_least(1),
-        default=4,
-        help="PowerSGD approximation rank (with --grad-compression powersgd)",
-        example="4",
-        metavar="N",
-    ),
-)
-"""rllib_ext flags: each becomes ``PPOConfig.training(<key>=<value>)``. Add new flags here."""
+
+def _extension_option(spec: SettingSpec) -> Option:
+    if spec.kind == "choice":
+        names = _choice_names(spec)
+        convert, metavar = _choice(spec), "{" + ",".join(names) + "}"
+        default_text = next(n for n, c in names.items() if is_allowed(c, (spec.default,)))
+        example = next(n for n, c in names.items() if is_allowed(c, (spec.example,)))
+    elif spec.kind == "bool":
+        convert, metavar, default_text = _bool, "{true,false}", display(spec.default)
+        example = display(spec.example)
+    else:
+        bounds = spec.bounds or Bounds(integer=spec.kind == "int")
+        convert, metavar = _number(bounds), "N" if bounds.integer else "X"
+        default_text, example = display(spec.default), display(spec.example)
+    return Option(
+        spec.name,
+        convert=convert,
+        default=spec.default,
+        help=spec.summary.rstrip("."),
+        example=example,
+        metavar=metavar,
+        group="rllib_ext",
+        default_text=default_text,
+    )
+
+
+EXTENSION_OPTIONS: tuple[Option, ...] = tuple(_extension_option(s) for s in setting_specs())
+"""One option per ``ExtensionSettings`` field; each becomes ``PPOConfig.training(<key>=...)``."""
 
 ALL_OPTIONS: tuple[Option, ...] = CORE_OPTIONS + EXTENSION_OPTIONS
 

@@ -1,8 +1,18 @@
-"""Settings of ``rllib-ext train``: YAML merging, checkpoint lookup and validation over the
+"""Settings of ``rllib-ext train``: YAML merging, checkpoint lookup and conversion over the
 option table of :mod:`rllib_ext.cli.options`.
 
-Precedence, lowest first: defaults < settings saved with the ``--resume`` checkpoint <
-``--config FILE.yaml`` < flags given on the command line.
+Precedence, lowest first:
+
+1. defaults (the option table, :data:`DEFAULT_TRAINING`);
+2. the settings saved with the ``--resume`` checkpoint;
+3. ``--config FILE.yaml``: its ``training:`` mapping, then its top-level keys;
+4. ``--training JSON``, then ``--set key=value`` (repeatable, later wins);
+5. flags given on the command line (``--amp bf16``).
+
+rllib_ext keys (``amp``, ``gae``...) may appear in every layer, also inside ``training``; they
+are converted and checked like their flags and follow the same order, so an explicit flag beats
+``--set``/``--training``/YAML, which beat the defaults. Old names (``fp16``, ``num_sgd_iter``)
+are resolved as in ``rllib_ext.PPOConfig.training()``.
 
 Everything here runs before ``ray.init``, so bad input fails with one line and no Ray traceback.
 """
@@ -10,20 +20,22 @@ Everything here runs before ``ray.init``, so bad input fails with one line and n
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rllib_ext._validation import unknown_keys_error
 from rllib_ext.cli.options import (
     ALL_OPTIONS,
     CORE_OPTIONS,
     DEFAULT_TRAINING,
     EXTENSION_OPTIONS,
     Option,
+    parse_set_value,
 )
+from rllib_ext.settings import split_extension_kwargs
 
 __all__ = [
     "ALL_OPTIONS",
@@ -69,8 +81,11 @@ class TrainSettings:
     address: str | None = None
     seed: int | None = None
     run_dir: str | None = None
-    extensions: dict[str, Any] = field(default_factory=dict)
-    """rllib_ext flags (:data:`EXTENSION_OPTIONS`), passed to ``PPOConfig.training()``."""
+    extensions: dict[str, Any] = field(
+        default_factory=lambda: {o.key: o.default for o in EXTENSION_OPTIONS}
+    )
+    """rllib_ext keys (:data:`EXTENSION_OPTIONS`), passed to ``PPOConfig.training()`` after
+    :attr:`training`, which holds no rllib_ext key."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -97,13 +112,13 @@ def _convert(option: Option, value: Any, where: str) -> Any:
 
 
 def _unknown_key(key: str, source: str) -> CLIError:
-    keys = [o.key for o in ALL_OPTIONS]
-    close = difflib.get_close_matches(key, keys, n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    return CLIError(
-        f"unknown key {key!r} in {source}.{hint} Allowed keys: {', '.join(keys)}. "
-        "Fix: remove or rename the key."
+    error = unknown_keys_error(
+        [key],
+        [o.key for o in ALL_OPTIONS],
+        what=f"key in {source}",
+        fix="remove or rename the key; PPO settings go under 'training:'.",
     )
+    return CLIError(str(error))
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
@@ -188,14 +203,76 @@ def _checkpoint_values(checkpoint: Path) -> dict[str, Any]:
     return {k: v for k, v in values.items() if k in _BY_KEY}
 
 
+def parse_set(pairs: Iterable[str]) -> dict[str, Any]:
+    """``--set key=value`` pairs -> ``{key: value}`` (values as :func:`parse_set_value`).
+
+    Raises:
+        CLIError: a pair without ``=`` or with an empty key.
+    """
+    values: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key.strip():
+            raise CLIError(
+                f"--set {pair!r} is not KEY=VALUE. Fix: e.g. --set lr=0.0001 --set amp=bf16."
+            )
+        values[key.strip()] = parse_set_value(text)
+    return values
+
+
+@dataclass
+class _Layer:
+    """One source of settings, split by where its values go."""
+
+    core: dict[str, Any] = field(default_factory=dict)
+    extensions: dict[str, Any] = field(default_factory=dict)
+    training: dict[str, Any] = field(default_factory=dict)
+
+
+def _training_layer(training: Mapping[str, Any], source: str) -> _Layer:
+    """Splits a ``training`` mapping into rllib_ext keys (converted) and PPO arguments."""
+    try:
+        ext, rest = split_extension_kwargs(training)
+    except ValueError as exc:
+        raise CLIError(f"{source}: {exc}") from None
+    converted = {}
+    for key, value in ext.items():
+        option = _BY_KEY[key]
+        try:
+            converted[key] = option.convert(value)
+        except ValueError as exc:
+            raise CLIError(
+                f"{source}: {key}={value!r} {exc}. Fix: e.g. {option.flag} {option.example} "
+                f"or --set {key}={option.example}"
+            ) from None
+    return _Layer(extensions=converted, training=rest)
+
+
+def _layer(values: Mapping[str, Any], source: str) -> _Layer:
+    """A source's converted option values; its top-level rllib_ext keys beat its ``training``."""
+    layer = _training_layer(values.get("training", {}), f"{source} training")
+    ext_keys = {o.key for o in EXTENSION_OPTIONS}
+    for key, value in values.items():
+        if key in ext_keys:
+            layer.extensions[key] = value
+        elif key != "training":
+            layer.core[key] = value
+    return layer
+
+
 def resolve_settings(
-    cli_values: Mapping[str, Any], *, config_file: str | None = None
+    cli_values: Mapping[str, Any],
+    *,
+    config_file: str | None = None,
+    set_values: Iterable[str] = (),
 ) -> TrainSettings:
-    """Merges defaults, the resumed checkpoint's settings, ``--config`` YAML and flags.
+    """Merges defaults, the resumed checkpoint's settings, ``--config`` YAML, ``--training``,
+    ``--set`` and flags (that order, see the module docstring).
 
     Args:
         cli_values: only the flags given on the command line, as raw strings, by option key.
         config_file: the ``--config`` path, if any.
+        set_values: the ``--set KEY=VALUE`` pairs, in command-line order.
 
     Raises:
         CLIError: for any bad key or value, with the fix.
@@ -208,19 +285,21 @@ def resolve_settings(
         checkpoint = resolve_checkpoint(resume, flag="--resume")
         inherited = _checkpoint_values(checkpoint)
         inherited["resume"] = str(checkpoint)
-    merged = {**inherited, **from_yaml, **flags}
+    cli_training = flags.pop("training", {})
+    layers = [
+        _layer(inherited, "the resumed checkpoint's settings"),
+        _layer(from_yaml, f"--config {config_file!r}"),
+        _training_layer(cli_training, "--training"),
+        _training_layer(parse_set(set_values), "--set"),
+        _layer(flags, "the command line"),
+    ]
+    merged: dict[str, Any] = {}
+    extensions: dict[str, Any] = {}
+    training: dict[str, Any] = {}
+    for layer in layers:
+        merged.update(layer.core)
+        extensions.update(layer.extensions)
+        training.update(layer.training)
     if resume:
         merged["resume"] = inherited["resume"]
-    settings = TrainSettings.from_values(merged)
-    _check_extension_combination(settings)
-    return settings
-
-
-def _check_extension_combination(settings: TrainSettings) -> None:
-    from rllib_ext.settings import ExtensionSettings
-
-    try:
-        ExtensionSettings.from_flat(settings.extensions, where="the command line")
-    except ValueError as exc:
-        flags = ", ".join(o.flag for o in EXTENSION_OPTIONS)
-        raise CLIError(f"{exc} (command-line flags: {flags})") from None
+    return TrainSettings.from_values({**merged, **extensions, "training": training})

@@ -33,6 +33,7 @@ from ray.rllib.utils.annotations import override
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 from ray.rllib.utils.typing import EpisodeType
 
+from rllib_ext._validation import check_choice
 from rllib_ext.ops.gae import compute_value_targets, kernel_backend
 from rllib_ext.settings import STANDARDIZE_MODES
 
@@ -91,10 +92,12 @@ class VectorizedGAE(GeneralAdvantageEstimation):
         standardize_advantages: str = "all",
     ) -> None:
         super().__init__(input_observation_space, input_action_space, gamma=gamma, lambda_=lambda_)
-        if standardize_advantages not in STANDARDIZE_MODES:
-            raise ValueError(
-                f"standardize_advantages={standardize_advantages!r}; allowed: {STANDARDIZE_MODES}."
-            )
+        check_choice(
+            "standardize_advantages",
+            standardize_advantages,
+            STANDARDIZE_MODES,
+            example="VectorizedGAE(..., standardize_advantages='all')",
+        )
         self.standardize_advantages = standardize_advantages
 
     @override(ConnectorV2)

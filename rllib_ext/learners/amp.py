@@ -113,6 +113,17 @@ class AMPState:
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
+        saved = state.get("dtype")
+        if saved is not None and saved != self.dtype_name:
+            # A resume may legitimately change precision (other device, amp="auto"): say so.
+            logger.warning(
+                "AMP state saved with dtype %s, restored into a learner running %s: %s",
+                saved,
+                self.dtype_name,
+                "the fp16 loss scale starts from the checkpoint's"
+                if self.scaling and state.get("scalers")
+                else "the checkpoint's loss scale is not used",
+            )
         for mid, scaler_state in state.get("scalers", {}).items():
             if scaler_state:
                 self.scaler(mid).load_state_dict(scaler_state)

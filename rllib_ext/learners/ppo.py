@@ -26,11 +26,12 @@ from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.typing import ModuleID, ParamDict, StateDict, TensorType
 
+from rllib_ext.config_checks import check_algorithm_config
 from rllib_ext.connectors.batching import install_vectorized_batching
 from rllib_ext.connectors.gae import VectorizedGAE
 from rllib_ext.learners.amp import AMPState, resolve_amp_dtype
 from rllib_ext.learners.comm import CommCompression
-from rllib_ext.settings import ExtensionSettings, check_comm_resources
+from rllib_ext.settings import ExtensionSettings
 
 __all__ = ["PPOExtTorchLearner"]
 
@@ -54,29 +55,13 @@ class PPOExtTorchLearner(PPOTorchLearner):
 
     @override(PPOTorchLearner)
     def build(self) -> None:
-        # Validate first: a bad flag must fail before any module or optimizer is built.
-        self.ext_settings = ExtensionSettings.from_learner_config_dict(
-            self.config.learner_config_dict
-        )
+        # Validate first: a bad flag must fail before any module or optimizer is built. The same
+        # function as rllib_ext.PPOConfig.validate(), so the stock-config route fails the same.
+        checked = check_algorithm_config(self.config)
+        self.ext_settings = checked.settings
         amp_settings = self.ext_settings.amp
-        if amp_settings.amp is not False and self.config.torch_compile_learner:
-            raise ValueError(
-                f"amp={amp_settings.amp!r} together with torch_compile_learner=True is not "
-                "supported (the compiled update bypasses the autocast/loss-scaling step). "
-                "Fix: .framework(torch_compile_learner=False) or amp=False."
-            )
-        if amp_settings.amp is not False and self.config._torch_grad_scaler_class is not None:
-            raise ValueError(
-                "amp is set together with .experimental(_torch_grad_scaler_class=...): two loss "
-                "scalers would fight. Fix: remove _torch_grad_scaler_class; amp='fp16' brings "
-                "its own GradScaler."
-            )
-        for message in check_comm_resources(
-            self.ext_settings.comm,
-            num_learners=self.config.num_learners,
-            num_gpus_per_learner=self.config.num_gpus_per_learner,
-        ):
-            if self._learner_index == 0:
+        if self._learner_index == 0:
+            for message in checked.warnings:
                 logger.warning(message)
         # Before super().build(): TorchLearner.build ends by wrapping modules in DDP, which is
         # where the comm hooks get registered.
@@ -93,7 +78,7 @@ class PPOExtTorchLearner(PPOTorchLearner):
 
     def _install_batching(self) -> None:
         if (
-            self.ext_settings.gae.batching != "vectorized"
+            self.ext_settings.batching.batching != "vectorized"
             or self._learner_connector is None
             or not self.config.add_default_connectors_to_learner_pipeline
         ):

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import typing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from rllib_ext.cli.main import _build_parser, main
 from rllib_ext.cli.runconfig import (
-    EXTENSION_OPTIONS,
     SETTINGS_FILE,
     CLIError,
     TrainSettings,
@@ -21,7 +24,7 @@ from rllib_ext.cli.runconfig import (
     resolve_settings,
 )
 from rllib_ext.cli.train import build_algo_config, ray_init_kwargs
-from rllib_ext.settings import GAE_IMPLS, extension_keys
+from rllib_ext.settings import ExtensionSettings
 
 
 def _fake_checkpoint(path: Path, settings: dict | None = None) -> Path:
@@ -34,7 +37,8 @@ def _fake_checkpoint(path: Path, settings: dict | None = None) -> Path:
 
 def _train_values(argv: list[str]) -> dict[str, str]:
     args = _build_parser().parse_args(["train", *argv])
-    return {o: getattr(args, o) for o in vars(args) if o not in ("command", "handler")}
+    skip = ("command", "handler", "set_values")
+    return {o: getattr(args, o) for o in vars(args) if o not in skip}
 
 
 # --------------------------------------------------------------------------------------------
@@ -112,13 +116,66 @@ def test_resolve_checkpoint_accepts_run_dirs(tmp_path: Path) -> None:
     assert resolve_checkpoint(tmp_path, flag="--resume") == first
 
 
-def test_extension_flag_table_matches_the_library() -> None:
-    keys = set(extension_keys())
-    for option in EXTENSION_OPTIONS:
-        assert option.key in keys, option.key
-    gae = next(o for o in EXTENSION_OPTIONS if o.key == "gae")
-    for value in GAE_IMPLS:
-        assert gae.convert(value) == value
+# --------------------------------------------------------------------------------------------
+# Every ExtensionSettings field has a flag, derived from the dataclass: a new field without a
+# flag path fails here.
+
+
+def _setting_fields() -> list[tuple[str, Any, Any]]:
+    """(name, type hint, default) of every field of every ExtensionSettings component."""
+    out = []
+    for part in dataclasses.fields(ExtensionSettings):
+        component = part.default_factory  # type: ignore[misc]
+        hints = typing.get_type_hints(component)
+        for f in dataclasses.fields(component):
+            out.append((f.name, hints[f.name], component().__getattribute__(f.name)))
+    return out
+
+
+def _spelling(value: Any, name: str) -> str:
+    """How a user types a value on the command line."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return ("off" if name == "amp" else "false") if value is False else "true"
+    return str(value)
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a is b if isinstance(a, bool) or a is None else type(a) is type(b) and a == b
+
+
+def _flag_help(help_text: str, flag: str) -> str:
+    """The help block of one flag in `train --help` output."""
+    match = re.search(rf"\n  {re.escape(flag)} (.*?)(?=\n  --|\n\n|\Z)", help_text, re.S)
+    assert match, f"{flag} is not in train --help"
+    return " ".join(match.group(1).split())
+
+
+@pytest.mark.parametrize("name,hint,default", _setting_fields(), ids=lambda v: str(v)[:30])
+def test_every_extension_setting_has_a_flag_with_its_default_and_choices(
+    name: str, hint: Any, default: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flag = "--" + name.replace("_", "-")
+    assert main(["train", "--help"]) == 0
+    block = _flag_help(capsys.readouterr().out, flag)
+    assert block.count("(default:") == 1, block
+    assert f"(default: {_spelling(default, name)})" in block or (
+        isinstance(default, float) and f"(default: {default:g})" in block
+    ), block
+
+    assert _same(resolve_settings({}).extensions[name], default)  # the flag's default
+    if typing.get_origin(hint) is typing.Literal or hint is bool:
+        choices = typing.get_args(hint) if hint is not bool else (True, False)
+        assert "{" + ",".join(_spelling(c, name) for c in choices) + "}" in block
+        for choice in choices:
+            parsed = resolve_settings({name: _spelling(choice, name)}).extensions[name]
+            assert _same(parsed, choice), (choice, parsed)
+        assert main(["train", flag, "no-such-choice"]) == 2
+    else:
+        assert _same(resolve_settings({name: str(default)}).extensions[name], default)
+        assert main(["train", flag, "-5"]) == 2  # below every range here
+    capsys.readouterr()
 
 
 def test_ray_is_sized_to_the_config() -> None:
@@ -179,6 +236,108 @@ def test_bad_input_is_one_error_line(case: str, capsys: pytest.CaptureFixture[st
         assert fragment in err_lines[0], (fragment, err_lines[0])
 
 
+# Issue 12: rllib_ext keys in --training / --set / YAML are checked like their flags, before Ray.
+
+EXTENSION_BAD_INPUTS = {
+    "training_fp8": (["--training", '{"amp": "fp8"}'], ["amp=", "'fp8'", "off, fp16, bf16, auto"]),
+    "training_amp_zero": (["--training", '{"amp": 0}'], ["amp=", "0", "off, fp16, bf16, auto"]),
+    "set_amp_zero": (["--set", "amp=0"], ["--set", "amp=", "0", "off, fp16"]),
+    "flag_scale_inf": (["--amp-init-scale", "inf"], ["--amp-init-scale", "'inf'", "finite"]),
+    "training_scale_inf": (["--training", '{"amp_init_scale": Infinity}'], ["inf", "finite"]),
+    "set_scale_nan": (["--set", "amp_init_scale=nan"], ["'nan'", "finite number > 0"]),
+    "legacy_fp16_string": (["--training", '{"fp16": "false"}'], ["fp16='false'", "boolean"]),
+    "set_without_equals": (["--set", "amp"], ["--set 'amp'", "KEY=VALUE"]),
+    "masked_with_rllib_gae": (
+        ["--set", "gae=rllib", "--standardize-advantages", "masked"],
+        ["standardize_advantages='masked'", "needs gae='vectorized'"],
+    ),
+}
+
+
+@pytest.fixture
+def no_ray(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Makes any ray.init() in the command fail the test: errors must come before Ray."""
+    import ray
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("ray.init() was called")
+
+    monkeypatch.setattr(ray, "init", refuse)
+
+
+@pytest.mark.parametrize("case", sorted(EXTENSION_BAD_INPUTS))
+def test_bad_extension_value_anywhere_is_one_error_line_before_ray(
+    case: str, no_ray: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv, fragments = EXTENSION_BAD_INPUTS[case]
+    assert main(["train", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("rllib-ext: error: "), err
+    for fragment in fragments:
+        assert fragment in err[0], (fragment, err[0])
+
+
+def test_bad_yaml_training_amp_is_one_error_line(
+    tmp_path: Path, no_ray: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    yaml_file = tmp_path / "run.yaml"
+    yaml_file.write_text("training:\n  amp: fp8\n")
+    assert main(["train", "--config", str(yaml_file)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'fp8'" in err[0] and "training" in err[0], err
+
+
+def test_extension_keys_in_training_win_over_defaults_and_lose_to_flags(tmp_path: Path) -> None:
+    # Used to be overwritten by the flag defaults: fp32 ran while summary.json said fp16.
+    settings = resolve_settings({"training": '{"amp": "bf16", "lr": 0.001}'})
+    assert settings.extensions["amp"] == "bf16"
+    assert settings.training == {"lr": 0.001}  # no rllib_ext key left in the PPO arguments
+    assert build_algo_config(settings).learner_config_dict["amp"] == "bf16"
+
+    yaml_file = tmp_path / "run.yaml"
+    yaml_file.write_text("training:\n  amp: bf16\n  fp16_loss_scaling: 64\n")
+    from_yaml = resolve_settings({}, config_file=str(yaml_file))
+    assert from_yaml.extensions["amp"] == "bf16"
+    assert from_yaml.extensions["amp_init_scale"] == 64  # the tutorial's name, resolved
+    # Precedence: flag > --set > --training > YAML > defaults.
+    both = resolve_settings({"training": '{"amp": "fp16"}'}, config_file=str(yaml_file))
+    assert both.extensions["amp"] == "fp16"
+    with_set = resolve_settings(
+        {"training": '{"amp": "fp16"}'}, config_file=str(yaml_file), set_values=["amp=auto"]
+    )
+    assert with_set.extensions["amp"] == "auto"
+    flag = resolve_settings({"amp": "off", "training": '{"amp": "fp16"}'}, set_values=["amp=bf16"])
+    assert flag.extensions["amp"] is False
+    legacy = resolve_settings({"training": '{"fp16": false}'})
+    assert legacy.extensions["amp"] is False
+
+
+def test_set_accepts_any_training_key_as_json_or_text() -> None:
+    settings = resolve_settings(
+        {"training": '{"lr": 0.1, "num_epochs": 3}'},
+        set_values=[
+            "lr=1e-4",
+            'model={"fcnet_hiddens": [32]}',
+            "grad_compression=none",
+            "gae=rllib",
+        ],
+    )
+    assert settings.training == {"lr": 1e-4, "num_epochs": 3, "model": {"fcnet_hiddens": [32]}}
+    assert settings.extensions["grad_compression"] is None
+    assert settings.extensions["gae"] == "rllib"
+    config = build_algo_config(settings)
+    assert config.lr == 1e-4 and config.num_epochs == 3
+
+
+def test_resume_keeps_the_extension_values_that_ran(tmp_path: Path) -> None:
+    # An old checkpoint whose `training` still holds the overwritten amp: `extensions` ran.
+    saved = TrainSettings(training={"amp": "fp16"}).to_dict()
+    saved["extensions"] = {**saved["extensions"], "amp": False}
+    _fake_checkpoint(tmp_path / "run" / "checkpoints" / "iter_000001", saved)
+    settings = resolve_settings({"resume": str(tmp_path / "run")})
+    assert settings.extensions["amp"] is False and settings.training == {}
+
+
 def test_unknown_yaml_key_names_the_key_and_the_close_match(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -226,8 +385,37 @@ def test_installed_console_script_prints_no_traceback() -> None:
 def test_help_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", "--help"]) == 0
     out = capsys.readouterr().out
-    for flag in ("--env", "--stop-reward", "--gae", "--resume", "--address", "--config"):
+    for flag in ("--env", "--stop-reward", "--gae", "--resume", "--address", "--config", "--set"):
         assert flag in out
+    for group in ("run:", "environment:", "resources:", "PPO hyper-parameters", "rllib_ext comp"):
+        assert f"\n{group}" in out, group
+    for flag in ("--checkpoint-dir", "--seed", "--run-dir", "--amp", "--grad-compression"):
+        assert _flag_help(out, flag).count("(default:") == 1, flag
+    assert "(default: off)" in _flag_help(out, "--amp")  # a value --amp accepts
+
+
+def test_profile_takes_only_the_flags_it_uses(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["profile", "--help"]) == 0
+    out = capsys.readouterr().out
+    for flag in ("--env", "--num-learners", "--grad-compression", "--set", "--iterations"):
+        assert flag in out, flag
+    for flag in ("--stop-reward", "--stop-timesteps", "--checkpoint-dir", "--resume", "--run-dir"):
+        assert flag not in out, flag
+    assert main(["profile", "--stop-reward", "100"]) == 2
+    assert "--stop-reward" in capsys.readouterr().err
+
+
+def test_parser_and_version_import_neither_ray_nor_torch() -> None:
+    code = (
+        "import sys\n"
+        "from rllib_ext.cli.main import main\n"
+        "try:\n    main(['--version'])\nexcept SystemExit:\n    pass\n"
+        "main(['train', '--help'])\n"
+        "print(sorted(m for m in ('ray', 'torch') if m in sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+    assert re.match(r"rllib-ext \d", proc.stdout)  # the version line
 
 
 # --------------------------------------------------------------------------------------------

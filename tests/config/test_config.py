@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import copy
+import logging
+import math
+import re
+from pathlib import Path
+from typing import Any
+
 import pytest
 from ray.rllib.algorithms.ppo import PPOConfig as StockPPOConfig
 
 import rllib_ext
+from rllib_ext.config_checks import check_algorithm_config
 from rllib_ext.learners.ppo import PPOExtTorchLearner
-from rllib_ext.settings import ExtensionSettings, extension_keys
+from rllib_ext.settings import ExtensionSettings, extension_keys, setting_specs
+
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_defaults_reproduce_rllib_except_gae_impl() -> None:
@@ -50,6 +60,14 @@ def test_alias_and_new_name_together_is_an_error() -> None:
         ({"lambda_": 1.5}, r"lambda_=1.5.*\[0, 1\]"),
         ({"gamma": -0.1}, r"gamma=-0.1.*\[0, 1\]"),
         ({"gea": "vectorized"}, r"Unknown training\(\) argument 'gea'"),
+        # `0 == False` in Python: it used to pass and fail at build with KeyError: 0.
+        ({"amp": 0}, r"amp=0 is not supported; allowed values: False, 'fp16', 'bf16', 'auto'"),
+        ({"amp": "fp8"}, r"amp='fp8' is not supported"),
+        ({"amp_init_scale": math.inf}, r"amp_init_scale=inf is out of range.*finite number > 0"),
+        ({"amp_init_scale": math.nan}, r"amp_init_scale=nan is out of range"),
+        ({"fp16": "false"}, r"fp16='false' must be a boolean.*a string is not a boolean"),
+        ({"powersgd_rank": 2.0}, r"powersgd_rank=2.0 is out of range; allowed: an integer >= 1"),
+        ({"compression_error_feedback": 1}, r"compression_error_feedback=1 must be a boolean"),
     ],
 )
 def test_bad_training_input_raises_value_error(kwargs: dict, pattern: str) -> None:
@@ -68,7 +86,7 @@ def test_bad_value_does_not_half_apply() -> None:
 def test_unknown_learner_config_key_is_rejected_with_suggestion() -> None:
     cfg = rllib_ext.PPOConfig().environment("CartPole-v1")
     cfg.learners(learner_config_dict={"gea": "vectorized"})
-    with pytest.raises(ValueError, match=r"'gea'.*Did you mean 'gae'"):
+    with pytest.raises(ValueError, match=r"'gea' \(did you mean 'gae'\?\)"):
         cfg.validate()
 
 
@@ -98,8 +116,37 @@ def test_stock_config_from_our_dict_keeps_learner_class() -> None:
     assert stock.learner_config_dict["gae"] == "vectorized"
 
 
-def test_extension_keys_are_documented_on_settings() -> None:
-    assert {"gae", "standardize_advantages", "amp", "grad_compression"} <= set(extension_keys())
+def _readme_flag_table() -> dict[str, str]:
+    """``{key: default cell}`` from the README's flag table (rows may list several keys)."""
+    text = README.read_text()
+    table = text[text.index("### Flags") :].split("\n\n")[1]
+    defaults: dict[str, str] = {}
+    for row in table.splitlines()[2:]:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        keys = re.findall(r"`(\w+)`", cells[0])
+        values = [v.strip().strip("`") for v in cells[2].split(", ")]
+        assert len(keys) == len(values), row
+        defaults.update(zip(keys, values, strict=True))
+    return defaults
+
+
+def test_readme_flag_table_lists_every_key_with_its_default() -> None:
+    documented = _readme_flag_table()
+    for spec in setting_specs():
+        assert spec.name in documented, f"README flag table lacks {spec.name!r}"
+        cell = documented[spec.name]
+        if isinstance(spec.default, str):
+            assert cell == f'"{spec.default}"', (spec.name, cell)
+        elif spec.default is None or isinstance(spec.default, bool):
+            assert cell == repr(spec.default), (spec.name, cell)
+        else:
+            assert float(cell) == spec.default, (spec.name, cell)
+    assert set(documented) == set(extension_keys())
+
+
+def test_every_setting_has_a_docstring() -> None:
+    for spec in setting_specs():
+        assert len(spec.doc) > 20, spec.name
 
 
 def test_tutorial_communication_block_maps_to_settings() -> None:
@@ -117,7 +164,7 @@ def test_tutorial_communication_block_maps_to_settings() -> None:
         ({"grad_compression": "zip"}, r"grad_compression='zip'.*'powersgd', 'onebit'"),
         ({"powersgd_rank": 0}, r"powersgd_rank=0.*>= 1"),
         ({"comm_backend": "mpi"}, r"comm_backend='mpi'.*'auto', 'nccl', 'gloo'"),
-        ({"communication": {"type": "NCCL", "fast": 1}}, r"communication keys \['fast'\]"),
+        ({"communication": {"type": "NCCL", "fast": 1}}, r"communication key\(s\): 'fast'"),
     ],
 )
 def test_bad_compression_input(kwargs: dict, pattern: str) -> None:
@@ -132,8 +179,94 @@ def test_nccl_without_gpus_is_an_error_at_validate() -> None:
         cfg.validate()
 
 
-def test_compression_with_one_learner_warns(caplog) -> None:
+def test_compression_with_one_learner_warns_once_from_the_learner_not_validate(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     cfg = rllib_ext.PPOConfig().environment("CartPole-v1").training(grad_compression="fp16")
-    with caplog.at_level("WARNING", logger="rllib_ext.config"):
+    with caplog.at_level(logging.WARNING, logger="rllib_ext"):
         cfg.validate()
-    assert "has no effect with num_learners=0" in caplog.text
+    assert "has no effect" not in caplog.text  # validate() logs nothing; the learner does
+    (warning,) = check_algorithm_config(cfg).warnings
+    assert "has no effect with num_learners=0" in warning
+
+
+def _with_rllib_validate_changes(config: Any) -> set[str]:
+    """The to_dict() keys that RLlib's own validate() changes on a config like this one."""
+    stock = StockPPOConfig.from_dict(copy.deepcopy(config.to_dict()))
+    stock.learner_config_dict = {}
+    before = copy.deepcopy(stock.to_dict())
+    stock.validate()
+    after = stock.to_dict()
+    return {k for k in before if before[k] != after[k]}
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: rllib_ext.PPOConfig().environment("CartPole-v1"),
+        lambda: rllib_ext.PPOConfig().environment("smax", env_config={"map_name": "3m"}),
+        lambda: (
+            rllib_ext.PPOConfig()
+            .environment("CartPole-v1")
+            .training(amp="bf16", amp_inference=True, grad_compression="fp16")
+        ),
+    ],
+    ids=["cartpole", "smax", "amp_inference"],
+)
+def test_validate_changes_nothing_rllib_itself_does_not(make: Any) -> None:
+    cfg = make()
+    rllib_changes = _with_rllib_validate_changes(cfg)
+    before = copy.deepcopy(cfg.to_dict())
+    cfg.validate()
+    after = cfg.to_dict()
+    changed = {k for k in before if before[k] != after[k]}
+    assert changed <= rllib_changes, changed
+
+
+def test_amp_inference_picks_the_env_runner_when_the_flag_is_set() -> None:
+    from rllib_ext.env_runners import AMPMultiAgentEnvRunner, AMPSingleAgentEnvRunner
+
+    cfg = rllib_ext.PPOConfig().training(amp="bf16", amp_inference=True)
+    assert cfg.env_runner_cls is AMPSingleAgentEnvRunner
+    cfg.environment("smax", env_config={"map_name": "3m"})  # multi-agent now
+    assert cfg.env_runner_cls is AMPMultiAgentEnvRunner
+
+
+# --------------------------------------------------------------------------------------------
+# Both routes (rllib_ext.PPOConfig.validate() and the stock config's learner) fail the same.
+
+_BAD_COMBINATIONS = {
+    "amp_with_compiled_learner": ({"amp": "fp16"}, {"torch_compile_learner": True}),
+    "nccl_without_gpus": ({"comm_backend": "nccl"}, {"num_learners": 2}),
+    "masked_with_rllib_gae": ({"gae": "rllib", "standardize_advantages": "masked"}, {}),
+    "lambda_out_of_range": ({}, {"lambda_": 1.5}),
+    "unknown_key": ({"amp_scale": 2.0}, {}),
+    "amp_zero": ({"amp": 0}, {}),
+}
+
+
+def _config_with(config: Any, flags: dict[str, Any], rest: dict[str, Any]) -> Any:
+    config.environment("CartPole-v1").learners(
+        learner_config_dict={**config.learner_config_dict, **flags}
+    )
+    if "torch_compile_learner" in rest:
+        config.framework(torch_compile_learner=True)
+    if "num_learners" in rest:
+        config.learners(num_learners=rest["num_learners"])
+    if "lambda_" in rest:
+        config.update_from_dict({"lambda": rest["lambda_"]})  # the dict route: no early check
+    return config
+
+
+@pytest.mark.parametrize("case", sorted(_BAD_COMBINATIONS))
+def test_both_config_routes_raise_the_same_error(case: str) -> None:
+    flags, rest = _BAD_COMBINATIONS[case]
+    ours = _config_with(rllib_ext.PPOConfig(), flags, rest)
+    with pytest.raises(ValueError) as from_validate:
+        ours.validate()
+
+    stock = _config_with(StockPPOConfig(), flags, rest).learners(learner_class=PPOExtTorchLearner)
+    learner = PPOExtTorchLearner(config=stock)
+    with pytest.raises(ValueError) as from_learner:
+        learner.build()  # the check runs before any module is built
+    assert str(from_validate.value) == str(from_learner.value)

@@ -6,9 +6,19 @@ import argparse
 import importlib.util
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
 
+from rllib_ext.modules import MaskedPPOTorchRLModule
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _smac_obs_space() -> gym.spaces.Dict:
+    box = gym.spaces.Box(-1.0, 1.0, (6,))
+    return gym.spaces.Dict(
+        {"observations": box, "action_mask": gym.spaces.Box(0.0, 1.0, (5,)), "state": box}
+    )
 
 
 def _load(name: str):
@@ -49,6 +59,8 @@ def test_smac_example_relies_on_the_automatic_smac_setup() -> None:
     )
     config = example.build_config(args)
     config.validate()
-    spec = config._rl_module_spec.rl_module_specs["shared_policy"]
+    spaces = {"shared_policy": (_smac_obs_space(), gym.spaces.Discrete(5))}
+    spec = config.get_multi_rl_module_spec(spaces=spaces).rl_module_specs["shared_policy"]
+    assert spec.module_class is MaskedPPOTorchRLModule
     assert spec.model_config["central_critic"] is True
     assert config.num_epochs == 5 and config.kl_coeff == 0.5 and config.lambda_ == 0.95

@@ -8,11 +8,12 @@ raise a ``ValueError`` naming the key, the allowed values and the fix.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
+
+from rllib_ext._validation import check_choice, unknown_keys_error
 
 __all__ = [
     "BACKENDS",
@@ -30,14 +31,6 @@ REWARD_MODES: tuple[str, ...] = ("copy", "split")
 # wrapper (continuing_episode=False merges time limits into `terminated`, see SMACEnv).
 _RESERVED_SC2_OPTIONS = ("map_name", "seed", "capability_config", "continuing_episode")
 _RESERVED_SMAX_OPTIONS = ("scenario", "action_type")
-
-
-def _check_choice(key: str, value: Any, allowed: tuple[str, ...], example: str) -> None:
-    if value not in allowed:
-        raise ValueError(
-            f"{key}={value!r} is not supported; allowed values: "
-            f"{', '.join(repr(a) for a in allowed)}. Fix: pass e.g. env_config={{{example}}}."
-        )
 
 
 def resolve_factory(factory: Any) -> Callable[..., Any]:
@@ -120,9 +113,19 @@ class SMACEnvSettings:
                 f"map_name={self.map_name!r} must be a non-empty string. "
                 'Fix: pass e.g. env_config={"map_name": "3m"}.'
             )
-        _check_choice("backend", self.backend, BACKENDS, "'backend': 'smax'")
-        _check_choice("prefer_sc2", self.prefer_sc2, SC2_PACKAGES, "'prefer_sc2': 'smacv2'")
-        _check_choice("reward_mode", self.reward_mode, REWARD_MODES, "'reward_mode': 'copy'")
+        check_choice("backend", self.backend, BACKENDS, example="env_config={'backend': 'smax'}")
+        check_choice(
+            "prefer_sc2",
+            self.prefer_sc2,
+            SC2_PACKAGES,
+            example="env_config={'prefer_sc2': 'smacv2'}",
+        )
+        check_choice(
+            "reward_mode",
+            self.reward_mode,
+            REWARD_MODES,
+            example="env_config={'reward_mode': 'copy'}",
+        )
         if self.seed is not None and (
             isinstance(self.seed, bool) or not isinstance(self.seed, int)
         ):
@@ -174,13 +177,11 @@ class SMACEnvSettings:
         known = [f.name for f in fields(cls)]
         unknown = sorted(set(config) - set(known))
         if unknown:
-            hints = []
-            for key in unknown:
-                close = difflib.get_close_matches(key, known, n=1)
-                hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-            raise ValueError(
-                f"Unknown SMAC env_config key(s): {', '.join(hints)}. Allowed keys: "
-                f"{', '.join(known)}. Fix: StarCraft2Env arguments go in 'sc2_options', "
-                "SMAX scenario arguments in 'smax_options'."
+            raise unknown_keys_error(
+                unknown,
+                known,
+                what="SMAC env_config key(s)",
+                fix="StarCraft2Env arguments go in 'sc2_options', SMAX scenario arguments in "
+                "'smax_options'.",
             )
         return cls(**config)

@@ -1,0 +1,146 @@
+"""Every check of the rllib_ext settings against the rest of an RLlib PPO config, in one place.
+
+:func:`check_algorithm_config` is called by ``rllib_ext.PPOConfig.validate()`` and by
+``PPOExtTorchLearner.build()`` (the stock-config route,
+``.learners(learner_class=PPOExtTorchLearner, learner_config_dict=...)``), so both routes reject
+the same combination with the same message. It reads the config and never changes it.
+
+The per-key checks are in :mod:`rllib_ext.settings`; this module adds the rules that need other
+parts of the config (learner resources, ``torch_compile_learner``, the env-runner class, GAE's
+``gamma``/``lambda_``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rllib_ext._validation import Bounds, check_number
+from rllib_ext.settings import CompressionSettings, ExtensionSettings
+
+__all__ = [
+    "ConfigCheck",
+    "amp_env_runner_class",
+    "check_algorithm_config",
+    "check_comm_resources",
+    "check_rates",
+]
+
+_UNIT_INTERVAL = Bounds(ge=0, le=1)
+_RATE_EXAMPLES = {"lambda_": 0.95, "gamma": 0.99}
+
+
+def check_rates(rates: Mapping[str, Any]) -> None:
+    """``gamma`` and ``lambda_`` in ``[0, 1]``: GAE's scan needs ``gamma * lambda_ <= 1``.
+
+    Raises:
+        ValueError: naming the rate, the range and the fix.
+    """
+    for key, value in rates.items():
+        check_number(key, value, _UNIT_INTERVAL, example=f".training({key}={_RATE_EXAMPLES[key]})")
+
+
+@dataclass(frozen=True)
+class ConfigCheck:
+    """What :func:`check_algorithm_config` found: the settings and the warnings to log once."""
+
+    settings: ExtensionSettings
+    warnings: tuple[str, ...] = ()
+    """Valid settings that have no effect (e.g. compression with one learner)."""
+
+
+def check_algorithm_config(config: Any) -> ConfigCheck:
+    """Validates the extension settings of ``config`` and their combination with the config.
+
+    Args:
+        config: an RLlib ``AlgorithmConfig`` (``rllib_ext.PPOConfig`` or RLlib's ``PPOConfig``)
+            whose ``learner_config_dict`` holds the extension keys.
+
+    Returns:
+        The settings and the warnings; the caller decides where to log them (the learner
+        logs them on rank 0, so a run shows each once).
+
+    Raises:
+        ValueError: a bad key or value, or a combination that cannot run; the message names
+            the values and the fix.
+    """
+    settings = ExtensionSettings.from_learner_config_dict(config.learner_config_dict)
+    check_rates(
+        {k: getattr(config, k) for k in _RATE_EXAMPLES if getattr(config, k, None) is not None}
+    )
+    amp = settings.amp.amp
+    if amp is not False and getattr(config, "torch_compile_learner", False):
+        raise ValueError(
+            f"amp={amp!r} together with torch_compile_learner=True is not supported (the "
+            "compiled update bypasses the autocast/loss-scaling step). "
+            "Fix: .framework(torch_compile_learner=False) or amp=False."
+        )
+    if amp is not False and getattr(config, "_torch_grad_scaler_class", None) is not None:
+        raise ValueError(
+            "amp is set together with .experimental(_torch_grad_scaler_class=...): two loss "
+            "scalers would fight. Fix: remove _torch_grad_scaler_class; amp='fp16' brings its "
+            "own GradScaler."
+        )
+    if settings.amp.amp_inference:
+        _check_amp_env_runner(config)
+    warnings = check_comm_resources(
+        settings.comm,
+        num_learners=config.num_learners,
+        num_gpus_per_learner=config.num_gpus_per_learner,
+    )
+    return ConfigCheck(settings=settings, warnings=tuple(warnings))
+
+
+def amp_env_runner_class(config: Any) -> type:
+    """The env-runner class ``amp_inference=True`` needs for ``config`` (single or multi-agent)."""
+    from rllib_ext.env_runners import AMPMultiAgentEnvRunner, AMPSingleAgentEnvRunner
+
+    return AMPMultiAgentEnvRunner if config.is_multi_agent else AMPSingleAgentEnvRunner
+
+
+def _check_amp_env_runner(config: Any) -> None:
+    wanted = amp_env_runner_class(config)
+    current = config.env_runner_cls
+    if current is None or not issubclass(current, wanted):
+        got = "RLlib's default" if current is None else current.__name__
+        raise ValueError(
+            f"amp_inference=True needs env_runner_cls={wanted.__name__} (or a subclass), got "
+            f"{got}. Fix: .env_runners(env_runner_cls=rllib_ext.env_runners.{wanted.__name__}) "
+            "(rllib_ext.PPOConfig sets it for you), derive your env runner from it, or set "
+            "amp_inference=False."
+        )
+
+
+def check_comm_resources(
+    comm: CompressionSettings, *, num_learners: int, num_gpus_per_learner: float
+) -> list[str]:
+    """Checks the compression settings against the learners' resources.
+
+    Returns:
+        Warnings (settings that are valid but have no effect).
+
+    Raises:
+        ValueError: for a backend the learners cannot use.
+    """
+    on_gpu = num_gpus_per_learner > 0
+    if comm.comm_backend == "nccl" and not on_gpu:
+        raise ValueError(
+            "comm_backend='nccl' but the learners have no GPU (num_gpus_per_learner=0); NCCL "
+            "only runs between GPUs. Fix: comm_backend='auto' (gloo on CPUs) or "
+            ".learners(num_gpus_per_learner=1)."
+        )
+    if comm.comm_backend == "gloo" and on_gpu:
+        raise ValueError(
+            "comm_backend='gloo' with GPU learners is not supported: RLlib's learner group "
+            "(Ray Train) creates an NCCL process group whenever learners have GPUs. "
+            "Fix: comm_backend='auto' or 'nccl'."
+        )
+    warnings = []
+    if comm.grad_compression is not None and num_learners < 2:
+        warnings.append(
+            f"grad_compression={comm.grad_compression!r} has no effect with num_learners="
+            f"{num_learners}: gradients are only exchanged between 2 or more learners. "
+            "Set .learners(num_learners=2) or more to use it."
+        )
+    return warnings

@@ -1,0 +1,81 @@
+"""What ``rllib_ext.PPOConfig`` fills in for a SMAC env (``smac_v2``, ``smac``, ``smax``).
+
+* policies: one ``"shared_policy"`` for all agents (parameter sharing, the SMAC norm), unless
+  the config is already multi-agent;
+* callbacks: :class:`~rllib_ext.envs.smac.SMACMetricsCallback` added (``win_rate``...), next to
+  the user's callbacks;
+* RLModule: :class:`~rllib_ext.modules.MaskedPPOTorchRLModule` as the default module class
+  (RLlib's ``get_default_rl_module_spec``), with the central critic when
+  ``.rl_module(model_config={"central_critic": True})``; an explicit
+  ``.rl_module(rl_module_spec=...)`` wins.
+
+The config applies these when its flags are set (``.environment()``, ``.callbacks()``...),
+never in ``validate()``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "SHARED_POLICY_ID",
+    "add_callback",
+    "apply_smac_defaults",
+    "shared_policy_mapping",
+    "smac_default_rl_module_spec",
+]
+
+SHARED_POLICY_ID = "shared_policy"
+"""The policy every SMAC agent maps to when the config leaves policies unset."""
+
+
+def shared_policy_mapping(agent_id: Any, *args: Any, **kwargs: Any) -> str:
+    """Policy mapping of parameter sharing: every agent -> :data:`SHARED_POLICY_ID`."""
+    return SHARED_POLICY_ID
+
+
+def add_callback(config: Any, callback: type) -> None:
+    """Adds ``callback`` to ``config.callbacks_class`` unless it (or a subclass) is there.
+
+    Keeps the user's callbacks; RLlib's do-nothing default ``RLlibCallback`` is replaced.
+    """
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+    from ray.rllib.callbacks.callbacks import RLlibCallback
+
+    existing = config.callbacks_class
+    classes = list(existing) if isinstance(existing, (list, tuple)) else [existing]
+    if any(isinstance(c, type) and issubclass(c, callback) for c in classes):
+        return
+    classes = [c for c in classes if c not in (None, RLlibCallback)] + [callback]
+    # RLlib's own setter, not rllib_ext.PPOConfig's (which calls back into this module).
+    AlgorithmConfig.callbacks(config, classes if len(classes) > 1 else classes[0])
+
+
+def apply_smac_defaults(config: Any) -> None:
+    """Shared policy and the SMAC metrics callback for a SMAC env (idempotent, else no-op)."""
+    from rllib_ext.envs import is_smac_env
+
+    if not is_smac_env(config.env):
+        return
+    from rllib_ext.envs.smac import SMACMetricsCallback
+
+    if not config.is_multi_agent:
+        config.multi_agent(policies={SHARED_POLICY_ID}, policy_mapping_fn=shared_policy_mapping)
+    add_callback(config, SMACMetricsCallback)
+
+
+def smac_default_rl_module_spec(config: Any) -> Any:
+    """The masked PPO module spec for a SMAC env, ``None`` for any other env.
+
+    ``model_config`` is left to RLlib, which fills in ``.rl_module(model_config=...)`` (where
+    ``central_critic`` lives) when it builds the modules.
+    """
+    from rllib_ext.envs import is_smac_env
+
+    if not is_smac_env(config.env):
+        return None
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+    from rllib_ext.modules import MaskedPPOTorchRLModule
+
+    return RLModuleSpec(module_class=MaskedPPOTorchRLModule)
