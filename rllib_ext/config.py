@@ -195,14 +195,14 @@ class PPOConfig(_RLlibPPOConfig):
         """Fills in what the flags imply; idempotent, explicit user choices are kept.
 
         * SMAC env: shared policy + SMAC metrics callback (:mod:`rllib_ext.smac_config`);
-        * ``amp_inference=True``: the AMP env runner matching single/multi-agent, unless the
-          user chose an env-runner class (then ``validate()`` checks it).
+        * ``amp_inference=True``: the AMP env runner matching single/multi-agent, in place of
+          RLlib's default or a runner rllib_ext picked (a user's own class is kept and checked
+          by ``validate()``).
         """
         apply_smac_defaults(self)
         if self.learner_config_dict.get("amp_inference") is True:
-            from rllib_ext.env_runners import AMPMultiAgentEnvRunner, AMPSingleAgentEnvRunner
-
-            if self.env_runner_cls in (None, AMPSingleAgentEnvRunner, AMPMultiAgentEnvRunner):
+            current = self.env_runner_cls
+            if current is None or current.__module__.startswith("rllib_ext."):
                 self.env_runner_cls = amp_env_runner_class(self)
 
 

@@ -175,18 +175,25 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
+    from rllib_ext._validation import is_allowed
     from rllib_ext.cli.profile import profile, render
     from rllib_ext.cli.runconfig import EXTENSION_OPTIONS, resolve_settings
 
-    values = _option_values(args)
+    settings = resolve_settings(
+        _option_values(args), config_file=args.config, set_values=args.set_values
+    )
     if args.stock:
-        given = [o.flag for o in EXTENSION_OPTIONS if o.key in values]
+        # Flags, --set, --training or YAML: any rllib_ext key off its default would be ignored.
+        given = [
+            o.key
+            for o in EXTENSION_OPTIONS
+            if not is_allowed(settings.extensions[o.key], [o.default])
+        ]
         if given:
             raise CLIError(
                 f"--stock profiles RLlib's own PPO, which has no {', '.join(given)}. "
-                "Fix: drop --stock to profile rllib_ext, or drop those flags."
+                "Fix: drop --stock to profile rllib_ext, or leave those keys at their defaults."
             )
-    settings = resolve_settings(values, config_file=args.config, set_values=args.set_values)
     result = profile(
         settings,
         iterations=args.iterations,

@@ -405,6 +405,17 @@ def test_profile_takes_only_the_flags_it_uses(capsys: pytest.CaptureFixture[str]
     assert "--stop-reward" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "argv", [["--amp", "bf16"], ["--set", "gae=rllib"], ["--training", '{"fp16": true}']]
+)
+def test_profile_stock_refuses_rllib_ext_keys_from_any_source(
+    argv: list[str], no_ray: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["profile", "--stock", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--stock profiles RLlib's own PPO" in err[0], err
+
+
 def test_parser_and_version_import_neither_ray_nor_torch() -> None:
     code = (
         "import sys\n"

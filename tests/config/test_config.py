@@ -231,6 +231,13 @@ def test_amp_inference_picks_the_env_runner_when_the_flag_is_set() -> None:
     cfg.environment("smax", env_config={"map_name": "3m"})  # multi-agent now
     assert cfg.env_runner_cls is AMPMultiAgentEnvRunner
 
+    class MyRunner(AMPSingleAgentEnvRunner):
+        pass
+
+    mine = rllib_ext.PPOConfig().env_runners(env_runner_cls=MyRunner)
+    mine.training(amp="bf16", amp_inference=True)
+    assert mine.env_runner_cls is MyRunner  # the user's class is kept
+
 
 # --------------------------------------------------------------------------------------------
 # Both routes (rllib_ext.PPOConfig.validate() and the stock config's learner) fail the same.
