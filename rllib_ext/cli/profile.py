@@ -3,7 +3,7 @@
 Runs ``warmup`` untimed iterations (lazy initialisation, first-call overheads), then
 ``iterations`` timed ones for the breakdown, then one more whose learner update is traced with
 the PyTorch profiler (traced separately so the profiler's overhead does not distort the
-breakdown). All through :class:`rllib_ext.profiling.ProfilerCallback`, which Tune users add to
+breakdown). All through :func:`rllib_ext.profiling.enable_profiling`, which Tune users apply to
 their own config instead.
 """
 
@@ -72,8 +72,7 @@ def profile(
     from ray.rllib.algorithms.ppo import PPOConfig as RLlibPPOConfig
 
     from rllib_ext.cli.train import build_algo_config, check_settings, ray_init_kwargs
-    from rllib_ext.config import add_callback
-    from rllib_ext.profiling import ProfilerCallback, check_out_dir
+    from rllib_ext.profiling import check_out_dir, enable_profiling
     from rllib_ext.profiling.callback import TRACE_FILE
 
     iterations = parse_count("--iterations", iterations, minimum=1, example=3)
@@ -86,10 +85,7 @@ def profile(
     config = build_algo_config(settings, config_cls=RLlibPPOConfig if stock else None)
     timed = range(warmup + 1, warmup + iterations + 1)
     trace_iteration = warmup + iterations + 1 if trace else None
-    add_callback(
-        config,
-        ProfilerCallback.configure(out_dir=out, iterations=timed, trace_iteration=trace_iteration),
-    )
+    enable_profiling(config, out_dir=out, iterations=timed, trace_iteration=trace_iteration)
     import ray
 
     owns_ray = not ray.is_initialized()

@@ -1,38 +1,37 @@
-"""``ProfilerCallback``: the breakdown and the PyTorch trace from inside any RLlib run.
+"""``enable_profiling``: the breakdown and the PyTorch trace from inside any RLlib run.
 
-Usage (stock or rllib_ext config, also under Tune)::
+Usage (rllib_ext or stock PPO config, also as a Tune ``param_space``)::
 
-    from rllib_ext.profiling import ProfilerCallback
+    from rllib_ext.profiling import enable_profiling
 
-    config.callbacks(ProfilerCallback.configure(out_dir="/tmp/prof", iterations=[3, 4, 5]))
+    enable_profiling(config, out_dir="/tmp/prof", iterations=[3, 4, 5])
 
-Iterations are RLlib's 1-based ``training_iteration`` numbers. Each profiled iteration adds
-``rllib_ext_profile/<phase>`` shares (and ``rllib_ext_profile/wall_s``) to its result; after the
-last one, ``breakdown.json``, ``breakdown.txt``, ``top_ops.txt``/``top_ops.json`` and the trace
-``trace/learner.pt.trace.json.gz`` (gzipped Chrome trace: ``tensorboard --logdir OUT/trace``
-with the PyTorch profiler plugin, or open it in https://ui.perfetto.dev) are written to
-``out_dir``. The trace covers the learner update of ``trace_iteration`` (default:
-the iteration after the last profiled one, so the profiler's overhead does not distort the
-breakdown).
+It selects the timing EnvRunner and Learner subclasses (:mod:`rllib_ext.profiling.env_runner`,
+:mod:`rllib_ext.profiling.learner`) and adds :class:`ProfilerCallback`. Iterations are RLlib's
+1-based ``training_iteration`` numbers. Each profiled iteration adds ``rllib_ext_profile/<phase>``
+shares (and ``rllib_ext_profile/wall_s``) to its result; after the last one, ``breakdown.json``,
+``breakdown.txt``, ``top_ops.txt``/``top_ops.json`` and ``trace/learner.pt.trace.json.gz``
+(gzipped Chrome trace: ``tensorboard --logdir OUT/trace`` with the PyTorch profiler plugin, or
+https://ui.perfetto.dev) are written to ``out_dir``. The trace covers the learner update of
+``trace_iteration`` (default: the one after the last profiled iteration, so the profiler's
+overhead does not distort the breakdown).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from ray.rllib.callbacks.callbacks import RLlibCallback
 
-from rllib_ext.profiling import env_runner as er
-from rllib_ext.profiling import learner as learner_side
-from rllib_ext.profiling._clock import PhaseClock, wrap_method
-from rllib_ext.profiling.breakdown import Breakdown, breakdown_of_iteration, merge_breakdowns
+from rllib_ext.profiling.breakdown import Breakdown, breakdown_of_result, merge_breakdowns
+from rllib_ext.profiling.env_runner import profiling_env_runner_cls
+from rllib_ext.profiling.learner import profiling_learner_cls
 
-__all__ = ["TRACE_FILE", "IterationProfiler", "ProfilerCallback", "check_out_dir"]
+__all__ = ["TRACE_FILE", "ProfilerCallback", "check_out_dir", "enable_profiling"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,137 +59,71 @@ def check_out_dir(out_dir: str | Path) -> Path:
     return path.resolve()
 
 
-def _values(results: Any) -> list[Any]:
+def _learner_calls(algorithm: Any, method: str) -> list[Any]:
+    results = algorithm.learner_group.foreach_learner(lambda learner: getattr(learner, method)())
     return [r.get() for r in results]
 
 
-class IterationProfiler:
-    """Driver-side timers plus learner-side timers for one ``Algorithm`` instance."""
+def _base_name(cls: type) -> str:
+    return getattr(cls, "profiled_class", cls).__name__
 
-    def __init__(
-        self,
-        algorithm: Any,
-        *,
-        iterations: Iterable[int],
-        trace_iteration: int | None,
-        out_dir: str | Path | None,
-    ) -> None:
-        self.algorithm = algorithm
-        self.iterations = sorted(set(int(i) for i in iterations))
-        self.trace_iteration = trace_iteration
-        self.out_dir = Path(out_dir) if out_dir is not None else None
-        self.clock = PhaseClock()
+
+class ProfilerCallback(RLlibCallback):
+    """Breaks down chosen iterations and writes the files; added by :func:`enable_profiling`.
+
+    Options are class attributes (RLlib instantiates callbacks itself); only the driver-side
+    instance does anything.
+    """
+
+    out_dir: str | None = None
+    iterations: tuple[int, ...] = (2, 3, 4)
+    trace_iteration: int | None = 5
+
+    def on_algorithm_init(self, *, algorithm: Any, **kwargs: Any) -> None:
         self.parts: list[Breakdown] = []
         self.trace: dict[str, Any] | None = None
-        self.learner_info: list[dict[str, Any]] = []
-        self._step_started: float | None = None
-        self._written = False
-        self._install()
+        self.written = False
+        if self.trace_iteration == 1:
+            _learner_calls(algorithm, "arm_trace")
 
-    # ------------------------------------------------------------------ installation
-
-    def _current_iteration(self) -> int:
-        return int(self.algorithm.iteration) + 1
-
-    def _install(self) -> None:
-        algo = self.algorithm
-        original_step = algo.training_step
-
-        def training_step(*args: Any, **kwargs: Any) -> Any:
-            if self._current_iteration() in self.iterations:  # reset the remote timers
-                _values(algo.learner_group.foreach_learner(learner_side.collect_learner_phases))
-                self._foreach_env_runner(er.collect_env_runner_phases)
-            self.clock.pop()
-            self._step_started = time.perf_counter()
-            return original_step(*args, **kwargs)
-
-        object.__setattr__(algo, "training_step", training_step)
-        group = algo.learner_group
-        original_update = group.update
-
-        def update(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            if self._step_started is not None:
-                self.clock.add("sampling", start - self._step_started)
-            tracing = self._current_iteration() == self.trace_iteration
-            if tracing:
-                _values(group.foreach_learner(learner_side.start_learner_trace))
-            try:
-                return original_update(*args, **kwargs)
-            finally:
-                self.clock.add("learner_update", time.perf_counter() - start)
-                if tracing:
-                    traces = _values(group.foreach_learner(learner_side.stop_learner_trace))
-                    self.trace = next((t for t in traces if t is not None), None)
-
-        object.__setattr__(group, "update", update)
-        wrap_method(algo.env_runner_group, "sync_weights", self.clock, "weight_sync")
-        self.learner_info = _values(group.foreach_learner(learner_side.install_learner_timers))
-        self._foreach_env_runner(er.install_env_runner_timers)
-
-    def _foreach_env_runner(self, func: Any) -> list[Any]:
-        group = self.algorithm.env_runner_group
-        return list(group.foreach_env_runner(func, local_env_runner=True))
-
-    # ------------------------------------------------------------------ per iteration
-
-    def on_result(self, result: dict[str, Any]) -> None:
-        """Call with each iteration's result; adds the shares and writes files when done."""
-        iteration = int(result.get("training_iteration", self.algorithm.iteration))
+    def on_train_result(self, *, algorithm: Any, result: dict, **kwargs: Any) -> None:
+        config, iteration = algorithm.config, int(result["training_iteration"])
         if iteration in self.iterations:
-            learners = _values(
-                self.algorithm.learner_group.foreach_learner(learner_side.collect_learner_phases)
-            )
-            driver = self.clock.pop()["seconds"]
-            part = breakdown_of_iteration(
-                iteration=iteration,
-                result=result,
-                driver=driver,
-                learners=learners,
-                env_runners=[
-                    r for r in self._foreach_env_runner(er.collect_env_runner_phases) if r
-                ],
+            part = breakdown_of_result(
+                result, num_env_runners=config.num_env_runners, num_learners=config.num_learners
             )
             self.parts.append(part)
             result[RESULT_KEY] = {"wall_s": part.wall_s, **part.shares}
-        if self.done and self.out_dir is not None and not self._written:
-            self.write(self.out_dir)
-            self._written = True
+        if self.trace_iteration is not None and iteration + 1 == self.trace_iteration:
+            _learner_calls(algorithm, "arm_trace")
+        if iteration == self.trace_iteration:
+            self.trace = next((t for t in _learner_calls(algorithm, "pop_trace") if t), None)
+        done = len(self.parts) == len(self.iterations)
+        if done and iteration >= (self.trace_iteration or 0) and not self.written:
+            self.written = True
+            if self.out_dir is not None:
+                self.write(Path(self.out_dir), config=config)
 
-    @property
-    def done(self) -> bool:
-        parts_done = len(self.parts) == len(self.iterations)
-        trace_done = self.trace_iteration is None or self.trace is not None
-        return parts_done and trace_done
-
-    def breakdown(self) -> Breakdown:
-        merged = merge_breakdowns(self.parts)
-        config = self.algorithm.config
-        merged.details.update(
-            {
-                "learners": self.learner_info,
-                "config": {
-                    "algo_class": type(self.algorithm).__name__,
-                    "learner_class": config.learner_class.__name__,
-                    "env": str(config.env),
-                    "num_env_runners": config.num_env_runners,
-                    "num_envs_per_env_runner": config.num_envs_per_env_runner,
-                    "num_learners": config.num_learners,
-                    "train_batch_size_per_learner": config.train_batch_size_per_learner,
-                    "minibatch_size": config.minibatch_size,
-                    "num_epochs": config.num_epochs,
-                    "learner_config_dict": dict(config.learner_config_dict or {}),
-                },
-            }
-        )
-        return merged
-
-    def write(self, out_dir: Path) -> dict[str, Path]:
+    def write(self, out_dir: Path, *, config: Any) -> dict[str, Path]:
         """Writes the breakdown, top operators and trace files; returns their paths."""
         out_dir = check_out_dir(out_dir)
         paths: dict[str, Path] = {}
         if self.parts:
-            breakdown = self.breakdown()
+            breakdown = merge_breakdowns(self.parts)
+            breakdown.details["config"] = {
+                "algo_class": config.algo_class.__name__,
+                "learner_class": _base_name(config.learner_class),
+                "env_runner_class": _base_name(config.env_runner_cls),
+                "env": str(config.env),
+                "env_config": dict(config.env_config or {}),
+                "num_env_runners": config.num_env_runners,
+                "num_envs_per_env_runner": config.num_envs_per_env_runner,
+                "num_learners": config.num_learners,
+                "train_batch_size_per_learner": config.train_batch_size_per_learner,
+                "minibatch_size": config.minibatch_size,
+                "num_epochs": config.num_epochs,
+                "learner_config_dict": dict(config.learner_config_dict or {}),
+            }
             paths["breakdown"] = out_dir / "breakdown.json"
             paths["breakdown"].write_text(json.dumps(breakdown.to_dict(), indent=2, default=str))
             (out_dir / "breakdown.txt").write_text(breakdown.table() + "\n")
@@ -206,64 +139,57 @@ class IterationProfiler:
         return paths
 
 
-class ProfilerCallback(RLlibCallback):
-    """Profiles chosen iterations of any RLlib run; see the module docstring.
+def enable_profiling(
+    config: Any,
+    *,
+    out_dir: str | Path | None,
+    iterations: Iterable[int] = (2, 3, 4),
+    trace_iteration: int | None | str = "next",
+) -> Any:
+    """Profiles ``iterations`` of runs built from ``config`` (changed in place and returned).
 
-    Configure with :meth:`configure` (class attributes; RLlib instantiates callbacks itself).
-    Only the driver-side instance (``on_algorithm_init``) does anything.
+    Args:
+        out_dir: where files are written (``None``: only the result keys).
+        iterations: 1-based ``training_iteration`` numbers to break down (>= 1 each).
+        trace_iteration: iteration whose learner update is traced with the PyTorch
+            profiler; ``"next"`` = the one after the last of ``iterations``, ``None`` = none.
+
+    Raises:
+        ValueError: bad ``iterations``/``trace_iteration`` or an unwritable ``out_dir``.
     """
+    from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
+    from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
-    out_dir: str | None = None
-    iterations: tuple[int, ...] = (2, 3, 4)
-    trace_iteration: int | None = 5
+    from rllib_ext.config import add_callback
 
-    @classmethod
-    def configure(
-        cls,
-        *,
-        out_dir: str | Path | None,
-        iterations: Iterable[int] = (2, 3, 4),
-        trace_iteration: int | None | str = "next",
-    ) -> type[ProfilerCallback]:
-        """A subclass with these options, for ``config.callbacks(...)``.
-
-        Args:
-            out_dir: where files are written (``None``: only the result keys).
-            iterations: 1-based ``training_iteration`` numbers to break down (>= 1 each).
-            trace_iteration: iteration whose learner update is traced with the PyTorch
-                profiler; ``"next"`` = the one after the last of ``iterations``, ``None`` = none.
-        """
-        iterations = tuple(sorted(set(int(i) for i in iterations)))
-        if not iterations or iterations[0] < 1:
-            raise ValueError(
-                f"iterations={iterations!r} must be a non-empty list of training iterations "
-                ">= 1. Fix: e.g. iterations=[2, 3, 4] (iteration 1 includes warm-up)."
-            )
-        if trace_iteration == "next":
-            trace_iteration = iterations[-1] + 1
-        if trace_iteration is not None and int(trace_iteration) < 1:
-            raise ValueError(
-                f"trace_iteration={trace_iteration!r} must be >= 1, 'next' or None. "
-                "Fix: e.g. trace_iteration='next'."
-            )
-        if out_dir is not None:
-            out_dir = str(check_out_dir(out_dir))
-        attrs = {
-            "out_dir": out_dir,
-            "iterations": iterations,
-            "trace_iteration": None if trace_iteration is None else int(trace_iteration),
-        }
-        return type("ConfiguredProfilerCallback", (cls,), attrs)
-
-    def on_algorithm_init(self, *, algorithm: Any, **kwargs: Any) -> None:
-        self.profiler = IterationProfiler(
-            algorithm,
-            iterations=self.iterations,
-            trace_iteration=self.trace_iteration,
-            out_dir=self.out_dir,
+    timed = tuple(sorted(set(int(i) for i in iterations)))
+    if not timed or timed[0] < 1:
+        raise ValueError(
+            f"iterations={timed!r} must be a non-empty list of training iterations >= 1. "
+            "Fix: e.g. iterations=[2, 3, 4] (iteration 1 includes warm-up)."
         )
-
-    def on_train_result(self, *, algorithm: Any, result: dict, **kwargs: Any) -> None:
-        profiler = getattr(self, "profiler", None)
-        if profiler is not None:
-            profiler.on_result(result)
+    if trace_iteration == "next":
+        trace_iteration = timed[-1] + 1
+    if trace_iteration is not None and int(trace_iteration) < 1:
+        raise ValueError(
+            f"trace_iteration={trace_iteration!r} must be >= 1, 'next' or None. "
+            "Fix: e.g. trace_iteration='next'."
+        )
+    if out_dir is not None:
+        out_dir = str(check_out_dir(out_dir))
+    # The EnvRunner class the run would use: set by the user or by validate() (e.g. the AMP
+    # runners), else RLlib's default for the (then known) single/multi-agent setup.
+    probe = config.copy(copy_frozen=False)
+    probe.validate()
+    runner = probe.env_runner_cls or (
+        MultiAgentEnvRunner if probe.is_multi_agent else SingleAgentEnvRunner
+    )
+    config.env_runners(env_runner_cls=profiling_env_runner_cls(runner))
+    config.learners(learner_class=profiling_learner_cls(config.learner_class))
+    attrs = {
+        "out_dir": out_dir,
+        "iterations": timed,
+        "trace_iteration": None if trace_iteration is None else int(trace_iteration),
+    }
+    add_callback(config, type("ConfiguredProfilerCallback", (ProfilerCallback,), attrs))
+    return config

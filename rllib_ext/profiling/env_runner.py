@@ -1,49 +1,141 @@
-"""EnvRunner-side phase timers, installed through ``EnvRunnerGroup.foreach_env_runner``.
+"""EnvRunner timers: a subclass of the configured EnvRunner class, selected by the config.
 
-Works on RLlib's ``SingleAgentEnvRunner`` and ``MultiAgentEnvRunner`` (also remote ones).
-Phases per EnvRunner (seconds since the last collect):
+:func:`profiling_env_runner_cls` derives ``Profiling<Base>`` from ``EnvRunnerTimers`` and the
+EnvRunner class the config would use (RLlib's, rllib_ext's AMP runners, or the user's own), and
+:func:`rllib_ext.profiling.enable_profiling` puts it into ``config.env_runners(env_runner_cls=...)``.
+Phases of one ``sample()`` call (seconds, summed over the calls inside it):
 
-* ``sample``: the whole ``EnvRunner.sample`` call;
-* ``env_step``: ``_try_env_step`` (the vector env's ``step``, RLlib's ``env_step_timer`` span);
-* ``inference``: ``module.forward_exploration`` / ``forward_inference``;
-* ``connectors``: the env-to-module and module-to-env connector pipelines.
+* ``sample``: the whole ``sample()`` call;
+* ``env_step``: ``_try_env_step``, the vector env's ``step`` (RLlib's ``env_step_timer`` span);
+* ``connectors``: the env-to-module and module-to-env pipelines, from their first to their last
+  piece (:class:`PipelineMark` pieces at both ends take the timestamps);
+* ``inference``: from the end of the env-to-module pipeline (or the start of ``sample()``) to
+  the start of module-to-env: the RLModule forward, plus RLlib's numpy conversion of the
+  episodes that ended in that step (it runs in between).
 
-RLlib's own EnvRunner timers measure the same spans but report an exponential moving average
-per call (coefficient 0.01), which after a few hundred calls still carries the slow first
-calls; these timers sum the actual calls instead.
+They are logged into the EnvRunner's ``MetricsLogger`` as ``profile/<phase>_s`` with
+``reduce="sum"``; the iteration's result then holds ``env_runners/profile/<phase>_s`` summed over
+the EnvRunners. RLlib's own timers report an EMA per call, not the time spent in an iteration.
 """
 
 from __future__ import annotations
 
+import time
+from collections import defaultdict
 from typing import Any
 
-from rllib_ext.profiling._clock import PhaseClock, TimedCallable, wrap_method
+from ray.rllib.connectors.connector_v2 import ConnectorV2
+from ray.rllib.env.env_runner import EnvRunner
+from ray.rllib.utils.annotations import override
 
-__all__ = ["collect_env_runner_phases", "install_env_runner_timers"]
+__all__ = ["PROFILE_KEY", "EnvRunnerTimers", "PipelineMark", "profiling_env_runner_cls"]
 
-_ATTR = "_rllib_ext_profiling"
-
-
-def install_env_runner_timers(env_runner: Any) -> bool:
-    """Installs the timers on ``env_runner`` (idempotent); ``False`` if it has no env/module."""
-    if getattr(env_runner, _ATTR, None) is not None:
-        return True
-    if getattr(env_runner, "env", None) is None or getattr(env_runner, "module", None) is None:
-        return False
-    clock = PhaseClock()
-    wrap_method(env_runner, "sample", clock, "sample")
-    wrap_method(env_runner, "_try_env_step", clock, "env_step")
-    for name in ("forward_exploration", "forward_inference"):
-        wrap_method(env_runner.module, name, clock, "inference")
-    for name in ("_env_to_module", "_module_to_env"):
-        pipeline = getattr(env_runner, name, None)
-        if pipeline is not None:
-            setattr(env_runner, name, TimedCallable(pipeline, clock, "connectors"))
-    setattr(env_runner, _ATTR, clock)
-    return True
+PROFILE_KEY = "profile"
+"""Metrics key under which EnvRunners and Learners log their phase seconds."""
 
 
-def collect_env_runner_phases(env_runner: Any) -> dict[str, Any] | None:
-    """This EnvRunner's phase seconds and call counts since the last call; resets them."""
-    clock: PhaseClock | None = getattr(env_runner, _ATTR, None)
-    return None if clock is None else clock.pop()
+class SampleClock:
+    """Phase seconds of one ``sample()`` call, from spans opened and closed by name."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.opened: dict[str, float] = {}
+
+    def open(self, span: str) -> None:
+        self.opened[span] = time.perf_counter()
+
+    def close(self, span: str, phase: str) -> None:
+        start = self.opened.pop(span, None)
+        if start is not None:
+            self.seconds[phase] += time.perf_counter() - start
+
+    def mark(self, pipeline: str, end: bool) -> None:
+        """A :class:`PipelineMark` ran at the start or the end of ``pipeline``."""
+        if pipeline == "env_to_module" and end:
+            self.close(pipeline, "connectors")
+            self.open("inference")
+        elif pipeline == "module_to_env" and not end:
+            self.close("inference", "inference")
+            self.open(pipeline)
+        elif end:
+            self.close(pipeline, "connectors")
+        else:
+            self.open(pipeline)
+
+
+class PipelineMark(ConnectorV2):
+    """Connector piece that passes the batch through and tells the clock it ran."""
+
+    def __init__(
+        self,
+        input_observation_space: Any = None,
+        input_action_space: Any = None,
+        *,
+        clock: SampleClock | None = None,
+        pipeline: str = "",
+        end: bool = False,
+    ) -> None:
+        # Not passed on: the checkpointed constructor kwargs stay empty (a restored mark is inert).
+        super().__init__(input_observation_space, input_action_space)
+        self.clock, self.pipeline, self.end = clock, pipeline, end
+
+    @override(ConnectorV2)
+    def __call__(self, *, batch: dict[str, Any], **kwargs: Any) -> Any:
+        if self.clock is not None:
+            self.clock.mark(self.pipeline, self.end)
+        return batch
+
+
+class PipelineStart(PipelineMark):
+    """First piece of a pipeline (own class: pipelines name their pieces' state by class)."""
+
+
+class PipelineEnd(PipelineMark):
+    """Last piece of a pipeline."""
+
+
+class EnvRunnerTimers(EnvRunner):
+    """Times the phases of ``sample()``; combine with an EnvRunner class through
+    :func:`profiling_env_runner_cls`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sample_clock = SampleClock()
+        # RLlib builds both pipelines in __init__; the marks go at their ends.
+        for name, pipeline in (
+            ("env_to_module", self._env_to_module),
+            ("module_to_env", self._module_to_env),
+        ):
+            pipeline.prepend(PipelineStart(clock=self.sample_clock, pipeline=name))
+            pipeline.append(PipelineEnd(clock=self.sample_clock, pipeline=name, end=True))
+
+    @override(EnvRunner)
+    def sample(self, *args: Any, **kwargs: Any) -> Any:
+        clock = self.sample_clock
+        clock.seconds.clear()
+        # The first forward of this call uses the env-to-module output cached by the last one.
+        clock.open("inference")
+        start = time.perf_counter()
+        episodes = super().sample(*args, **kwargs)
+        clock.seconds["sample"] = time.perf_counter() - start
+        for phase, seconds in clock.seconds.items():
+            self.metrics.log_value((PROFILE_KEY, f"{phase}_s"), seconds, reduce="sum")
+        return episodes
+
+    @override(EnvRunner)
+    def _try_env_step(self, actions: Any) -> Any:
+        clock = self.sample_clock
+        clock.opened.pop("inference", None)  # no forward this step (e.g. all envs resetting)
+        start = time.perf_counter()
+        try:
+            return super()._try_env_step(actions)
+        finally:
+            clock.seconds["env_step"] += time.perf_counter() - start
+
+
+def profiling_env_runner_cls(base: type) -> type:
+    """``Profiling<base>``: ``base`` (an EnvRunner class) with :class:`EnvRunnerTimers`."""
+    if issubclass(base, EnvRunnerTimers):
+        return base
+    attrs = {"__module__": __name__, "profiled_class": base}
+    return type(f"Profiling{base.__name__}", (EnvRunnerTimers, base), attrs)

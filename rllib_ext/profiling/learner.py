@@ -1,193 +1,158 @@
-"""Learner-side phase timers and the PyTorch profiler, installed on any ``TorchLearner``.
+"""Learner timers and the PyTorch profiler: a subclass of the configured Learner class.
 
-The functions here run inside each Learner (through ``LearnerGroup.foreach_learner``, so also
-in remote Learner actors) and work on RLlib's stock ``PPOTorchLearner`` as well as on
-``PPOExtTorchLearner``. Phases, per learner and per update (seconds):
+:func:`profiling_learner_cls` derives ``Profiling<Base>`` from ``LearnerTimers`` and the config's
+learner class (rllib_ext's ``PPOExtTorchLearner`` or RLlib's ``PPOTorchLearner``);
+:func:`rllib_ext.profiling.enable_profiling` selects it with ``config.learners(learner_class=...)``.
+Phases of one ``Learner.update`` call (seconds, summed over its minibatches):
 
-* ``update``: the whole ``Learner.update`` call;
-* ``connector`` / ``gae``: the learner connector pipeline, and its GAE piece (RLlib's
-  ``GeneralAdvantageEstimation`` or rllib_ext's ``VectorizedGAE``);
-* ``forward``: ``module.forward_train``; ``loss``: ``compute_losses``;
-* ``backward``: ``compute_gradients`` (zero_grad, loss scaling, autograd, DDP's all-reduce);
-* ``optimizer``: ``postprocess_gradients`` + ``apply_gradients`` (clipping, step);
-* ``comm_s``: wall time during which at least one gradient bucket's collective was in flight
-  (a subset of ``backward``; overlap with backward compute counts as communication).
+* ``update``: ``before_gradient_based_update`` to ``after_gradient_based_update`` (the whole call);
+* ``connector``: from the start of the update to the first minibatch: the learner connector
+  pipeline (GAE included: ``VectorizedGAE`` logs its own ``gae/time_ms``), batch to tensors;
+* ``forward``: ``_uncompiled_update`` start to ``compute_losses`` (``forward_train``);
+* ``loss``: ``compute_losses``; ``backward``: ``compute_gradients`` (zero_grad, autograd and the
+  DDP gradient all-reduce it waits for); ``optimizer``: ``postprocess_gradients`` +
+  ``apply_gradients`` (clipping, the optimizer step).
 
-Gradient communication is timed by the DDP comm hook: rllib_ext's compression hooks already
-record each bucket's collective time; a DDP module without a hook gets a timing copy of
-PyTorch's ``allreduce_hook`` (divide by world size, then sum: what DDP's built-in reduction
-does, so the gradients are unchanged).
+They are logged into the Learner's ``MetricsLogger`` as ``__all_modules__/profile/<phase>_s``
+(``reduce="sum"``). Gradient communication is not timed here: rllib_ext's compression hooks log
+``<module>/comm/time_ms`` themselves, and DDP's built-in all-reduce is left as it is.
 """
 
 from __future__ import annotations
 
-import functools
 import gzip
-import logging
 import os
 import tempfile
 import time
+from collections import defaultdict
 from typing import Any
 
 import torch
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+import torch.distributed as dist
+from ray.rllib.core import ALL_MODULES
+from ray.rllib.core.learner.learner import Learner
+from ray.rllib.core.learner.torch.torch_learner import TorchLearner
+from ray.rllib.utils.annotations import override
 
-from rllib_ext.profiling._clock import PhaseClock, TimedCallable, wrap_method
+from rllib_ext.profiling.env_runner import PROFILE_KEY
 
-__all__ = [
-    "GAE_CONNECTORS",
-    "collect_learner_phases",
-    "install_learner_timers",
-    "start_learner_trace",
-    "stop_learner_trace",
-]
-
-logger = logging.getLogger(__name__)
-
-_ATTR = "_rllib_ext_profiling"
-GAE_CONNECTORS: tuple[str, ...] = ("GeneralAdvantageEstimation", "VectorizedGAE")
-"""Class names of the learner connector pieces reported as ``gae``."""
+__all__ = ["LearnerTimers", "profiling_learner_cls"]
 
 
-class _LearnerInstrument:
-    def __init__(self) -> None:
-        self.clock = PhaseClock()
+class LearnerTimers(TorchLearner):
+    """Times the phases of ``update()`` and traces one update on request; combine with a
+    Learner class through :func:`profiling_learner_cls`."""
+
+    @override(Learner)
+    def build(self) -> None:
+        super().build()
+        self.phase_seconds: dict[str, float] = defaultdict(float)
+        self.update_started: float | None = None
+        self.forward_started: float | None = None
+        self.first_minibatch = False
+        self.trace_armed = False
         self.profiler: torch.profiler.profile | None = None
-        self.hooked_modules: list[str] = []
+        self.trace: dict[str, Any] | None = None
+
+    def _add(self, phase: str, start: float) -> float:
+        now = time.perf_counter()
+        self.phase_seconds[phase] += now - start
+        return now
+
+    @override(Learner)
+    def before_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
+        if self.trace_armed:
+            self.trace_armed = False
+            self.profiler = _start_profiler()
+        self.phase_seconds.clear()
+        self.update_started = time.perf_counter()
+        self.first_minibatch = True
+        super().before_gradient_based_update(timesteps=timesteps)
+
+    @override(TorchLearner)
+    def _uncompiled_update(self, batch: dict, **kwargs: Any) -> Any:
+        now = time.perf_counter()
+        if self.first_minibatch and self.update_started is not None:
+            self.first_minibatch = False
+            now = self._add("connector", self.update_started)
+        self.forward_started = now
+        return super()._uncompiled_update(batch, **kwargs)
+
+    @override(Learner)
+    def compute_losses(self, *, fwd_out: dict[str, Any], batch: dict[str, Any]) -> Any:
+        start = time.perf_counter()
+        if self.forward_started is not None:
+            start = self._add("forward", self.forward_started)
+            self.forward_started = None
+        try:
+            return super().compute_losses(fwd_out=fwd_out, batch=batch)
+        finally:
+            self._add("loss", start)
+
+    @override(TorchLearner)
+    def compute_gradients(self, loss_per_module: dict[str, Any], **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return super().compute_gradients(loss_per_module, **kwargs)
+        finally:
+            self._add("backward", start)
+
+    @override(Learner)
+    def postprocess_gradients(self, gradients_dict: dict[str, Any]) -> Any:
+        start = time.perf_counter()
+        try:
+            return super().postprocess_gradients(gradients_dict)
+        finally:
+            self._add("optimizer", start)
+
+    @override(TorchLearner)
+    def apply_gradients(self, gradients_dict: dict[str, Any]) -> None:
+        start = time.perf_counter()
+        try:
+            super().apply_gradients(gradients_dict)
+        finally:
+            self._add("optimizer", start)
+
+    @override(Learner)
+    def after_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
+        super().after_gradient_based_update(timesteps=timesteps)
+        if self.update_started is not None:
+            self._add("update", self.update_started)
+            self.update_started = None
+        for phase, seconds in self.phase_seconds.items():
+            self.metrics.log_value((ALL_MODULES, PROFILE_KEY, f"{phase}_s"), seconds, reduce="sum")
+        if self.profiler is not None:
+            profiler, self.profiler = self.profiler, None
+            profiler.stop()
+            self.trace = _export(profiler)
+
+    def arm_trace(self) -> bool:
+        """Traces the next update with the PyTorch profiler (rank 0 only); for ``foreach_learner``."""
+        self.trace_armed = not (dist.is_available() and dist.is_initialized() and dist.get_rank())
+        return self.trace_armed
+
+    def pop_trace(self) -> dict[str, Any] | None:
+        """The last trace (see :func:`_export`) or ``None``; for ``foreach_learner``."""
+        trace, self.trace = self.trace, None
+        return trace
 
 
-class _TimedAllReduce:
-    """Picklable comm-hook state: the process group and the clock to record into."""
-
-    def __init__(self, clock: PhaseClock) -> None:
-        self.clock = clock
-        self.process_group = None
-
-
-# No annotations: DDP compares a hook's annotations with the real classes, and this module's
-# postponed (string) annotations would fail that check.
-def timed_allreduce_hook(state, bucket):  # noqa: ANN001, ANN201
-    """PyTorch's ``allreduce_hook`` plus the bucket's collective interval in ``state.clock``.
-
-    ``(state: _TimedAllReduce, bucket: dist.GradBucket) -> Future[Tensor]``.
-    """
-    start = time.perf_counter()
-    future = default_hooks.allreduce_hook(state.process_group, bucket)
-
-    def done(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
-        state.clock.add_interval(start, time.perf_counter())
-        return fut.value()
-
-    return future.then(done)
-
-
-def _instrument_comm(learner: Any, clock: PhaseClock) -> list[str]:
-    from ray.rllib.core.rl_module.torch.torch_rl_module import TorchDDPRLModule
-
-    from rllib_ext.distributed import CommHookState
-
-    hooked = []
-    for mid, sub in getattr(learner.module, "_rl_modules", {}).items():
-        if not isinstance(sub, TorchDDPRLModule):
-            continue
-        states = [state for _, state in getattr(sub, "_comm_hooks", [])]
-        ours = [s for s in states if isinstance(s, CommHookState)]
-        if ours:
-            for state in ours:
-                _wrap_record(state, clock)
-        elif not states:
-            sub.register_comm_hook(_TimedAllReduce(clock), timed_allreduce_hook)
-        else:
-            logger.warning("module %r has a foreign comm hook: its communication is not timed", mid)
-            continue
-        hooked.append(mid)
-    return hooked
-
-
-def _wrap_record(state: Any, clock: PhaseClock) -> None:
-    original = state._record
-    if getattr(original, "_rllib_ext_timed", False):
-        return
-
-    @functools.wraps(original)
-    def record(*, comm_time_s: float, **kwargs: Any) -> None:
-        end = time.perf_counter()
-        clock.add_interval(end - comm_time_s, end)
-        original(comm_time_s=comm_time_s, **kwargs)
-
-    record._rllib_ext_timed = True  # type: ignore[attr-defined]
-    state._record = record
-
-
-def install_learner_timers(learner: Any) -> dict[str, Any]:
-    """Installs the phase timers on ``learner`` (idempotent). Run it through ``foreach_learner``.
-
-    Returns:
-        ``{"learner_index", "gae_connector", "comm_modules"}``: what was instrumented.
-    """
-    instrument = getattr(learner, _ATTR, None)
-    if instrument is None:
-        instrument = _LearnerInstrument()
-        clock = instrument.clock
-        wrap_method(learner, "update", clock, "update")
-        wrap_method(learner.module, "forward_train", clock, "forward")
-        wrap_method(learner, "compute_losses", clock, "loss")
-        wrap_method(learner, "compute_gradients", clock, "backward")
-        wrap_method(learner, "postprocess_gradients", clock, "optimizer")
-        wrap_method(learner, "apply_gradients", clock, "optimizer")
-        pipeline = learner._learner_connector
-        if pipeline is not None:
-            for i, piece in enumerate(pipeline.connectors):
-                if type(piece).__name__ in GAE_CONNECTORS:
-                    pipeline.connectors[i] = TimedCallable(piece, clock, "gae")
-            learner._learner_connector = TimedCallable(pipeline, clock, "connector")
-        instrument.hooked_modules = _instrument_comm(learner, clock)
-        setattr(learner, _ATTR, instrument)
-    pipeline = learner._learner_connector
-    gae = [p.__class__.__name__ for p in getattr(pipeline, "connectors", [])]
-    return {
-        "learner_index": int(getattr(learner, "_learner_index", 0)),
-        "gae_connector": next((n for n in gae if n in GAE_CONNECTORS), None),
-        "comm_modules": list(instrument.hooked_modules),
-    }
-
-
-def collect_learner_phases(learner: Any) -> dict[str, Any]:
-    """This learner's phase seconds since the last call (see the module docstring); resets."""
-    instrument: _LearnerInstrument = getattr(learner, _ATTR)
-    return instrument.clock.pop()
-
-
-def start_learner_trace(learner: Any, *, learner_index: int = 0) -> bool:
-    """Starts the PyTorch profiler (CPU, CUDA when present, shapes, memory) on one learner."""
-    if int(getattr(learner, "_learner_index", 0)) != learner_index:
-        return False
-    instrument: _LearnerInstrument = getattr(learner, _ATTR)
+def _start_profiler() -> torch.profiler.profile:
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    instrument.profiler = torch.profiler.profile(
+    profiler = torch.profiler.profile(
         activities=activities, record_shapes=True, profile_memory=True, with_stack=False
     )
-    instrument.profiler.__enter__()
-    return True
+    profiler.start()
+    return profiler
 
 
-def stop_learner_trace(learner: Any, *, row_limit: int = 25) -> dict[str, Any] | None:
-    """Stops the profiler started by :func:`start_learner_trace`.
-
-    Returns:
-        ``None`` on learners that were not traced, else ``{"trace": gzip of the Chrome-trace JSON,
-        "top_ops": [{"name", "calls", "self_cpu_ms", "cpu_ms", "self_device_ms"}...],
-        "table": the profiler's own table}`` (top ``row_limit`` operators by self CPU time).
-    """
-    instrument: _LearnerInstrument | None = getattr(learner, _ATTR, None)
-    if instrument is None or instrument.profiler is None:
-        return None
-    profiler, instrument.profiler = instrument.profiler, None
-    profiler.__exit__(None, None, None)
+def _export(profiler: torch.profiler.profile, *, row_limit: int = 25) -> dict[str, Any]:
+    """``{"trace": gzipped Chrome-trace JSON, "top_ops": [{"name", "calls", "self_cpu_ms",
+    "cpu_ms", "self_device_ms"}...], "table": the profiler's own table}`` (top ``row_limit``
+    operators by self CPU time)."""
     averages = profiler.key_averages()
-    sort_by = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
     rows = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)[:row_limit]
     top_ops = [
         {
@@ -207,8 +172,22 @@ def stop_learner_trace(learner: Any, *, row_limit: int = 25) -> dict[str, Any] |
             trace = gzip.compress(f.read(), compresslevel=6)
     finally:
         os.unlink(path)
+    sort_by = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
     return {
         "trace": trace,
         "top_ops": top_ops,
         "table": averages.table(sort_by=sort_by, row_limit=row_limit),
     }
+
+
+def profiling_learner_cls(base: type) -> type:
+    """``Profiling<base>``: ``base`` (a ``TorchLearner`` class) with :class:`LearnerTimers`."""
+    if issubclass(base, LearnerTimers):
+        return base
+    if not issubclass(base, TorchLearner):
+        raise TypeError(
+            f"profiling needs a TorchLearner subclass as learner_class, got {base.__name__}. "
+            "Fix: .framework('torch') and a torch learner (e.g. rllib_ext.PPOExtTorchLearner)."
+        )
+    attrs = {"__module__": __name__, "profiled_class": base}
+    return type(f"Profiling{base.__name__}", (LearnerTimers, base), attrs)

@@ -1,162 +1,108 @@
-"""Unit tests of the profiling arithmetic and wrappers (no Ray)."""
+"""Unit tests of the profiling arithmetic, clocks and config wiring (no Ray)."""
 
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
+from ray.rllib.algorithms.ppo import PPOConfig as RLlibPPOConfig
+from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
+from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
-from rllib_ext.profiling import PHASES, ProfilerCallback
-from rllib_ext.profiling._clock import (
-    PhaseClock,
-    TimedCallable,
-    interval_union,
-    wrap_method,
-)
-from rllib_ext.profiling.breakdown import breakdown_of_iteration, merge_breakdowns
-
-
-@pytest.mark.parametrize(
-    ("intervals", "want"),
-    [
-        ([], 0.0),
-        ([(0.0, 1.0)], 1.0),
-        ([(0.0, 1.0), (2.0, 3.5)], 2.5),
-        ([(0.0, 2.0), (1.0, 3.0)], 3.0),  # overlap counted once
-        ([(1.0, 3.0), (0.0, 4.0), (5.0, 6.0)], 5.0),  # nested, unsorted
-    ],
-)
-def test_interval_union(intervals: list[tuple[float, float]], want: float) -> None:
-    assert interval_union(intervals) == pytest.approx(want)
+import rllib_ext
+from rllib_ext.env_runners import AMPSingleAgentEnvRunner
+from rllib_ext.profiling import PHASES, ProfilerCallback, breakdown_of_result, enable_profiling
+from rllib_ext.profiling.breakdown import merge_breakdowns
+from rllib_ext.profiling.env_runner import EnvRunnerTimers, PipelineMark, SampleClock
+from rllib_ext.profiling.learner import LearnerTimers
 
 
-class _Thing:
-    def work(self, x: int) -> int:
-        time.sleep(0.01)
-        return x + 1
-
-
-def test_wrap_method_times_calls_of_one_instance() -> None:
-    thing, other = _Thing(), _Thing()
-    clock = PhaseClock()
-    wrap_method(thing, "work", clock, "phase")
-    wrap_method(thing, "work", clock, "phase")  # idempotent: not timed twice
-    assert thing.work(1) == 2 and thing.work(2) == 3
-    other.work(0)  # other instances are untouched
-    popped = clock.pop()
-    assert popped["calls"] == {"phase": 2}
-    assert popped["seconds"]["phase"] >= 0.02
-    assert clock.pop()["seconds"] == {}  # pop resets
-
-
-def test_timed_callable_keeps_the_class_name_rllib_uses_for_timers() -> None:
-    clock = PhaseClock()
-    inner = _Thing()
-    proxy = TimedCallable(inner.work, clock, "p")
-    assert proxy(3) == 4
-    assert clock.pop()["calls"] == {"p": 1}
-    wrapped_obj = TimedCallable(inner, clock, "q")
-    assert wrapped_obj.__class__ is _Thing and isinstance(wrapped_obj, _Thing)
-    assert wrapped_obj.work(1) == 2  # attribute access delegates
-
-
-def _result(wall: float) -> dict:
+def _result(
+    wall: float,
+    *,
+    env: dict[str, float],
+    learner: dict[str, float],
+    modules: dict[str, dict[str, float]] | None = None,
+) -> dict:
+    """An RLlib result dict as the timing subclasses leave it (seconds already summed)."""
     return {
+        "training_iteration": 3,
         "time_this_iter_s": wall,
-        "env_runners": {"num_env_steps_sampled": 1000},
+        "env_runners": {
+            "num_env_steps_sampled": 1000,
+            "profile": {f"{k}_s": v for k, v in env.items()},
+        },
+        "learners": {
+            "__all_modules__": {"profile": {f"{k}_s": v for k, v in learner.items()}},
+            **(modules or {}),
+        },
         "timers": {"learner_update_timer": 0.5},
     }
 
 
-def _runner(sample: float, env_step: float, inference: float, connectors: float) -> dict:
-    seconds = {"sample": sample, "env_step": env_step, "inference": inference}
-    return {"seconds": {**seconds, "connectors": connectors}, "calls": {"sample": 1}}
-
-
-IDLE_RUNNER = {"seconds": {}, "calls": {}}  # e.g. the local EnvRunner next to remote ones
-
-
-def _learner(**seconds: float) -> dict:
-    comm = seconds.pop("comm_s", 0.0)
-    return {"seconds": seconds, "calls": {"update": 1}, "comm_s": comm}
-
-
-def test_breakdown_sums_to_wall_and_splits_each_group() -> None:
-    learners = [
-        _learner(
-            update=0.4,
-            connector=0.05,
-            gae=0.02,
-            forward=0.1,
-            loss=0.05,
-            backward=0.1,
-            optimizer=0.05,
-            comm_s=0.04,
-        ),
-        _learner(
-            update=0.4,
-            connector=0.07,
-            gae=0.04,
-            forward=0.1,
-            loss=0.05,
-            backward=0.12,
-            optimizer=0.05,
-            comm_s=0.06,
-        ),
-    ]
-    part = breakdown_of_iteration(
-        iteration=3,
-        result=_result(1.0),
-        driver={"sampling": 0.5, "learner_update": 0.45, "weight_sync": 0.01},
-        learners=learners,
-        env_runners=[_runner(0.4, 0.04, 0.08, 0.04), _runner(0.4, 0.06, 0.12, 0.06), IDLE_RUNNER],
+def test_breakdown_divides_by_runners_and_learners_and_sums_to_wall() -> None:
+    result = _result(
+        1.0,
+        # Two EnvRunners: the result holds their sums.
+        env={"sample": 1.0, "env_step": 0.1, "connectors": 0.2, "inference": 0.3},
+        # Two Learners, summed likewise.
+        learner={
+            "update": 0.8,
+            "connector": 0.1,
+            "forward": 0.2,
+            "loss": 0.1,
+            "backward": 0.2,
+            "optimizer": 0.1,
+        },
+        modules={
+            "p0": {"gae/time_ms": 20.0, "comm/time_ms": 60.0, "comm/bytes_sent": 10.0},
+            "p1": {"gae/time_ms": 20.0, "comm/time_ms": 20.0},
+        },
     )
-    assert set(part.seconds) == set(PHASES)
+    part = breakdown_of_result(result, num_env_runners=2, num_learners=2)
+    assert set(part.seconds) == set(PHASES) and part.iterations == [3]
     assert sum(part.seconds.values()) == pytest.approx(1.0)
     assert math.isclose(sum(part.shares.values()), 1.0, abs_tol=1e-9)
-    # Mean over the EnvRunners that sampled.
     assert part.seconds["sampling/env_step"] == pytest.approx(0.05)
-    assert part.seconds["sampling/inference"] == pytest.approx(0.1)
-    assert part.seconds["sampling/connectors"] == pytest.approx(0.05)
+    assert part.seconds["sampling/inference"] == pytest.approx(0.15)
+    assert part.seconds["sampling/episodes"] == pytest.approx(0.2)  # 0.5 - 0.05 - 0.1 - 0.15
     assert part.group_seconds("sampling") == pytest.approx(0.5)
-    # Learner phases: mean over learners; GAE out of the connector, comm out of backward.
-    assert part.seconds["learner/gae"] == pytest.approx(0.03)
+    # GAE: the same elapsed time is logged under each module; it is part of the connector span.
+    assert part.seconds["learner/gae"] == pytest.approx(0.02)
     assert part.seconds["learner/connector"] == pytest.approx(0.03)
-    assert part.seconds["learner/grad_comm"] == pytest.approx(0.05)
+    # Communication: summed over modules, mean over learners, taken out of backward.
+    assert part.seconds["learner/grad_comm"] == pytest.approx(0.04)
     assert part.seconds["learner/backward"] == pytest.approx(0.06)
-    assert part.group_seconds("learner") == pytest.approx(0.45)
-    assert part.seconds["other"] == pytest.approx(0.04)
-    assert part.unaccounted_s == pytest.approx(0.04)
+    assert part.seconds["learner/other"] == pytest.approx(0.05)
+    assert part.group_seconds("learner") == pytest.approx(0.4)
+    assert part.seconds["other"] == pytest.approx(0.1) == part.unaccounted_s
+    assert part.details["comm"]["p0"] == {"comm/time_ms": 60.0, "comm/bytes_sent": 10.0}
 
 
-def test_breakdown_scales_estimates_that_exceed_the_measured_total() -> None:
-    part = breakdown_of_iteration(
-        iteration=1,
-        result=_result(1.0),
-        driver={"sampling": 0.5, "learner_update": 0.4, "weight_sync": 0.0},
-        learners=[_learner(forward=0.3, backward=0.3)],  # more than the update took
-        env_runners=[_runner(0.6, 0.3, 0.3, 0.1)],  # more than the driver measured
+def test_breakdown_clamps_comm_to_backward_and_scales_overlong_parts() -> None:
+    result = _result(
+        1.0,
+        env={"sample": 0.5, "env_step": 0.4, "connectors": 0.4},  # more than sample() took
+        learner={"update": 0.4, "forward": 0.3, "backward": 0.1},
+        modules={"p0": {"comm/time_ms": 500.0}},  # buckets overlap: their sum can exceed backward
     )
+    part = breakdown_of_result(result, num_env_runners=0, num_learners=0)  # local runner/learner
     assert all(v >= 0 for v in part.seconds.values())
     assert part.group_seconds("sampling") == pytest.approx(0.5)
-    assert part.seconds["sampling/other"] == 0.0
+    assert part.seconds["sampling/episodes"] == 0.0
+    assert part.seconds["sampling/env_step"] == pytest.approx(0.25)
+    assert part.seconds["learner/grad_comm"] == pytest.approx(0.1)
+    assert part.seconds["learner/backward"] == 0.0
     assert part.group_seconds("learner") == pytest.approx(0.4)
-    assert part.seconds["learner/forward"] == pytest.approx(0.2)
     assert sum(part.shares.values()) == pytest.approx(1.0)
 
 
 def test_merge_weights_iterations_by_time_and_renders_a_table() -> None:
-    parts = [
-        breakdown_of_iteration(
-            iteration=i,
-            result=_result(wall),
-            driver={"sampling": wall / 2, "learner_update": wall / 4, "weight_sync": 0.0},
-            learners=[_learner(forward=wall / 8)],
-            env_runners=[_runner(wall / 2, wall / 8, wall / 8, 0.0)],
-        )
-        for i, wall in ((2, 1.0), (3, 3.0))
-    ]
+    parts = []
+    for iteration, wall in ((2, 1.0), (3, 3.0)):
+        result = _result(wall, env={"sample": wall / 2}, learner={"update": wall / 4})
+        result["training_iteration"] = iteration
+        parts.append(breakdown_of_result(result, num_env_runners=1, num_learners=1))
     merged = merge_breakdowns(parts)
     assert merged.iterations == [2, 3] and merged.wall_s == pytest.approx(4.0)
     assert merged.group_seconds("sampling") == pytest.approx(2.0)
@@ -170,17 +116,61 @@ def test_merge_weights_iterations_by_time_and_renders_a_table() -> None:
         merge_breakdowns([])
 
 
-def test_configure_validates_and_defaults_the_trace_iteration(tmp_path) -> None:
-    cls = ProfilerCallback.configure(out_dir=tmp_path / "p", iterations=[4, 2, 3])
-    assert issubclass(cls, ProfilerCallback)
-    assert cls.iterations == (2, 3, 4) and cls.trace_iteration == 5
+def test_sample_clock_attributes_spans_between_pipeline_marks() -> None:
+    clock = SampleClock()
+    marks = {
+        (pipeline, end): PipelineMark(clock=clock, pipeline=pipeline, end=end)
+        for pipeline in ("env_to_module", "module_to_env")
+        for end in (False, True)
+    }
+    batch = {"obs": [1]}
+    for pipeline, end in [
+        ("env_to_module", False),
+        ("env_to_module", True),  # opens inference
+        ("module_to_env", False),  # closes it
+        ("module_to_env", True),
+    ]:
+        assert marks[pipeline, end](batch=batch, rl_module=None, episodes=[]) is batch
+    assert set(clock.seconds) == {"connectors", "inference"} and not clock.opened
+    # A module-to-env start without an open inference span adds nothing to inference.
+    before = clock.seconds["inference"]
+    marks["module_to_env", False](batch=batch)
+    assert clock.seconds["inference"] == before and set(clock.opened) == {"module_to_env"}
+    # A restored mark (no clock) only passes the batch through.
+    assert PipelineMark()(batch=batch) is batch
+
+
+def test_enable_profiling_selects_timing_subclasses_of_the_configured_classes(tmp_path) -> None:
+    config = rllib_ext.PPOConfig().environment("CartPole-v1")
+    assert enable_profiling(config, out_dir=tmp_path / "p", iterations=[4, 2, 3]) is config
+    runner, learner = config.env_runner_cls, config.learner_class
+    assert issubclass(runner, EnvRunnerTimers) and issubclass(runner, SingleAgentEnvRunner)
+    assert issubclass(learner, LearnerTimers) and issubclass(learner, rllib_ext.PPOExtTorchLearner)
+    callback = next(c for c in [config.callbacks_class] if issubclass(c, ProfilerCallback))
+    assert callback.iterations == (2, 3, 4) and callback.trace_iteration == 5
     assert (tmp_path / "p").is_dir()
-    assert ProfilerCallback.configure(out_dir=None, trace_iteration=None).trace_iteration is None
+    # Applying it twice does not stack subclasses.
+    enable_profiling(config, out_dir=None, trace_iteration=None)
+    assert config.env_runner_cls.__mro__[1:3] == (EnvRunnerTimers, SingleAgentEnvRunner)
+    # amp_inference keeps rllib_ext's AMP runner underneath; the stock route keeps RLlib's learner.
+    amp = rllib_ext.PPOConfig().environment("CartPole-v1").training(amp="bf16", amp_inference=True)
+    amp_runner = enable_profiling(amp, out_dir=None).env_runner_cls
+    assert issubclass(amp_runner, AMPSingleAgentEnvRunner) and issubclass(
+        amp_runner, EnvRunnerTimers
+    )
+    stock = enable_profiling(RLlibPPOConfig().environment("CartPole-v1"), out_dir=None)
+    assert issubclass(stock.learner_class, PPOTorchLearner)
+    assert stock.learner_class.profiled_class is PPOTorchLearner
+
+
+def test_enable_profiling_rejects_bad_options_naming_the_fix(tmp_path) -> None:
+    config = rllib_ext.PPOConfig().environment("CartPole-v1")
     with pytest.raises(ValueError, match=r"iterations=\(0,\).*>= 1"):
-        ProfilerCallback.configure(out_dir=None, iterations=[0])
+        enable_profiling(config, out_dir=None, iterations=[0])
     with pytest.raises(ValueError, match="trace_iteration=0"):
-        ProfilerCallback.configure(out_dir=None, trace_iteration=0)
+        enable_profiling(config, out_dir=None, trace_iteration=0)
     blocker = tmp_path / "file"
     blocker.write_text("x")
     with pytest.raises(ValueError, match="not writable.*Fix"):
-        ProfilerCallback.configure(out_dir=blocker / "sub")
+        enable_profiling(config, out_dir=blocker / "sub")
+    assert config.env_runner_cls is None  # nothing changed by a rejected call
