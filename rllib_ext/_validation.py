@@ -20,7 +20,7 @@ import re
 import sys
 import typing
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 __all__ = [
@@ -207,7 +207,7 @@ def field_specs(cls: type) -> tuple[SettingSpec, ...]:
     specs = []
     for f in fields(cls):
         hint = hints[f.name]
-        default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+        default = f.default_factory() if callable(f.default_factory) else f.default
         if typing.get_origin(hint) is Literal:
             kind, choices = "choice", typing.get_args(hint)
         elif hint is bool:
@@ -240,7 +240,8 @@ def check_fields(settings: Any, *, example: Callable[[str, Any], str]) -> None:
     Raises:
         ValueError: the first field with a bad value.
     """
-    for spec in field_specs(type(settings)):
+    cls: type = type(settings)
+    for spec in field_specs(cls):
         value = getattr(settings, spec.name)
         fix = example(spec.name, spec.example)
         if spec.kind == "choice":

@@ -201,9 +201,13 @@ class PPOConfig(_RLlibPPOConfig):
         """
         apply_smac_defaults(self)
         if self.learner_config_dict.get("amp_inference") is True:
-            current = self.env_runner_cls
-            if current is None or current.__module__.startswith("rllib_ext."):
-                self.env_runner_cls = amp_env_runner_class(self)
+            current: Any = self.env_runner_cls  # type: ignore[has-type]
+            wanted = amp_env_runner_class(self)
+            # A subclass of the right AMP runner (e.g. profiling's timing runner) stays.
+            if current is None or (
+                current.__module__.startswith("rllib_ext.") and not issubclass(current, wanted)
+            ):
+                self.env_runner_cls = wanted
 
 
 class PPO(_RLlibPPO):

@@ -18,6 +18,7 @@ No Ray or torch import: the command line reads this module to build its ``--help
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
@@ -277,10 +278,9 @@ class ExtensionSettings:
                 fix="remove the key or use one of the allowed names.",
             )
         parts = {}
-        for f in fields(cls):
-            comp = f.default_factory  # type: ignore[misc]
-            names = {spec.name for spec in field_specs(comp)}  # type: ignore[arg-type]
-            parts[f.name] = comp(**{k: v for k, v in flat.items() if k in names})
+        for name, comp in typing.get_type_hints(cls).items():
+            names = {spec.name for spec in field_specs(comp)}
+            parts[name] = comp(**{k: v for k, v in flat.items() if k in names})
         return cls(**parts)
 
     @classmethod

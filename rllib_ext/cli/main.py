@@ -10,7 +10,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from rllib_ext.cli.options import ALL_OPTIONS, GROUPS
 from rllib_ext.cli.runconfig import CLIError
@@ -185,14 +185,15 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     if args.stock:
         # Flags, --set, --training or YAML: any rllib_ext key off its default would be ignored.
         given = [
-            o.key
+            o.flag
             for o in EXTENSION_OPTIONS
             if not is_allowed(settings.extensions[o.key], [o.default])
         ]
         if given:
             raise CLIError(
-                f"--stock profiles RLlib's own PPO, which has no {', '.join(given)}. "
-                "Fix: drop --stock to profile rllib_ext, or leave those keys at their defaults."
+                f"--stock profiles RLlib's own PPO, which has no {', '.join(given)} (given as a "
+                "flag, --set, --training or in --config). Fix: drop --stock to profile rllib_ext, "
+                "or leave those keys at their defaults."
             )
     result = profile(
         settings,
@@ -210,7 +211,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     from rllib_ext.cli.evaluate import evaluate
     from rllib_ext.cli.runconfig import CORE_OPTIONS, Option
 
-    def convert(key: str, flag: str, value: str | None) -> object:
+    def convert(key: str, flag: str, value: str | None) -> Any:
         if value is None:
             return None
         option: Option = next(o for o in CORE_OPTIONS if o.key == key)
