@@ -73,22 +73,20 @@ def _build_parser() -> _Parser:
         "breakdown.json, breakdown.txt, trace/learner.pt.trace.json.gz and top_ops.txt.",
         allow_abbrev=False,
     )
-    _add_run_options(profile, command="profile")
-    profile.add_argument(
-        "--iterations", default="3", metavar="N", help="timed iterations (default: 3)"
-    )
-    profile.add_argument(
+    run = _add_run_options(profile, command="profile")["run"]
+    run.add_argument("--iterations", default="3", metavar="N", help="timed iterations (default: 3)")
+    run.add_argument(
         "--warmup", default="1", metavar="N", help="untimed iterations first (default: 1)"
     )
-    profile.add_argument(
+    run.add_argument(
         "--out", default=None, metavar="DIR", help="output directory (default: rllib_ext_runs/)"
     )
-    profile.add_argument(
+    run.add_argument(
         "--stock",
         action="store_true",
         help="profile RLlib's own PPOConfig and learner (no rllib_ext component)",
     )
-    profile.add_argument(
+    run.add_argument(
         "--no-trace", action="store_true", help="skip the PyTorch profiler trace iteration"
     )
     profile.set_defaults(handler=_cmd_profile)
@@ -128,7 +126,8 @@ def _add_run_options(
     ``--training`` values are only overridden by flags the user typed; the help line shows the
     one effective default.
     """
-    groups = {key: parser.add_argument_group(title) for key, title in GROUPS.items()}
+    titles = {**GROUPS, "run": GROUPS["run"] if command == "train" else "profile run"}
+    groups = {key: parser.add_argument_group(title) for key, title in titles.items()}
     groups["run"].add_argument(
         "--config",
         metavar="FILE.yaml",
