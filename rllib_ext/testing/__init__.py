@@ -1,8 +1,9 @@
-"""Conformance checks and test stand-ins users can run against their own envs.
+"""Conformance checks users run against their own envs and policies.
 
 * :func:`check_masked_multiagent_env`: RLlib's env checker plus the action-mask contract.
-* :class:`BackendSpy`: proves no illegal action reaches a SMAC backend.
-* :mod:`rllib_ext.testing.fake_sc2`: a labelled stand-in with SMAC's API (not StarCraft II).
+* :class:`BackendSpy`: proves that no illegal action of a policy reaches a SMAC backend.
+
+Test doubles (such as the StarCraft II stand-in) live under ``tests/``, not in the package.
 """
 
 from __future__ import annotations

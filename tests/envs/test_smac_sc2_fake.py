@@ -1,6 +1,6 @@
 """The StarCraft II code path (backend smacv2 / smac) against the labelled SMAC-API stand-in.
 
-``rllib_ext.testing.fake_sc2`` is not the game; tests of the real game are in
+``tests.envs.fake_sc2`` is not the game; tests of the real game are in
 ``test_smac_sc2_real.py`` (marked ``sc2``).
 """
 
@@ -17,9 +17,9 @@ from ray.rllib.utils.pre_checks.env import check_multiagent_environments
 from rllib_ext.envs.smac import SMACEnv, parallel_env
 from rllib_ext.envs.smac import sc2 as sc2_module
 from rllib_ext.testing import BackendSpy, check_masked_multiagent_env, sample_legal
-from rllib_ext.testing.fake_sc2 import FakeCapabilityEnvWrapper, FakeFaults, FakeStarCraft2Env
+from tests.envs.fake_sc2 import FakeCapabilityEnvWrapper, FakeFaults, FakeStarCraft2Env
 
-FAKE = "rllib_ext.testing.fake_sc2:FakeStarCraft2Env"
+FAKE = "tests.envs.fake_sc2:FakeStarCraft2Env"
 
 
 def make_env(map_name="3m", backend="smacv2", factory=FAKE, **config):

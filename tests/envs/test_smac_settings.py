@@ -51,7 +51,7 @@ def test_unknown_backend_via_env():
 
 
 def test_game_factory_path_resolves():
-    settings = SMACEnvSettings(game_factory="rllib_ext.testing.fake_sc2:FakeStarCraft2Env")
+    settings = SMACEnvSettings(game_factory="tests.envs.fake_sc2:FakeStarCraft2Env")
     assert settings.game_factory.endswith("FakeStarCraft2Env")
 
 
@@ -74,7 +74,7 @@ def test_registered_creator_applies_its_default_backend():
     register_envs()
     creator = _global_registry.get(ENV_CREATOR, "smac_v2")
     context = EnvContext(
-        {"map_name": "3m", "game_factory": "rllib_ext.testing.fake_sc2:FakeStarCraft2Env"},
+        {"map_name": "3m", "game_factory": "tests.envs.fake_sc2:FakeStarCraft2Env"},
         worker_index=2,
         vector_index=1,
     )

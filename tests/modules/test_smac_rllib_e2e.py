@@ -14,7 +14,7 @@ from rllib_ext.envs import register_envs
 from rllib_ext.envs.smac import SMAC_METRIC_KEYS, SMACEnv, SMACMetricsCallback
 from rllib_ext.modules import MaskedPPOTorchRLModule, smac_module_spec
 from rllib_ext.testing import BackendSpy
-from rllib_ext.testing.fake_sc2 import FakeFaults, FakeStarCraft2Env
+from tests.envs.fake_sc2 import FakeFaults, FakeStarCraft2Env
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 

@@ -51,7 +51,7 @@ def resolve_factory(factory: Any) -> Callable[..., Any]:
             raise ValueError(
                 f"game_factory={factory!r} cannot be imported ({type(exc).__name__}: {exc}). "
                 "Fix: pass a callable or a 'package.module:ClassName' path that returns an "
-                "object with the SMAC API, e.g. 'rllib_ext.testing.fake_sc2:FakeStarCraft2Env'."
+                "object with the SMAC API, e.g. 'my_package.games:MyStarCraft2Env'."
             ) from None
     raise ValueError(
         f"game_factory={factory!r} must be a callable or a 'package.module:ClassName' string. "
