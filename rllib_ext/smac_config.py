@@ -54,6 +54,9 @@ def add_callback(config: Any, callback: type) -> None:
 def apply_smac_defaults(config: Any) -> None:
     """Shared policy and the SMAC metrics callback for a SMAC env (idempotent, else no-op)."""
     from rllib_ext.envs import is_smac_env
+    from rllib_ext.envs.smac.env_runner import use_smax_vector_env_runner
+
+    use_smax_vector_env_runner(config)  # SMAX + num_envs_per_env_runner > 1: batched stepping
 
     if not is_smac_env(config.env):
         return

@@ -1,0 +1,364 @@
+"""``SMAXVectorEnvRunner``: RLlib's ``MultiAgentEnvRunner`` over one :class:`SMAXVectorEnv`.
+
+Selected by :func:`use_smax_vector_env_runner` (called from ``rllib_ext.PPOConfig.validate``)
+when the env is SMAC on the SMAX backend and ``num_envs_per_env_runner > 1``: the runner's
+``num_envs_per_env_runner`` battles are stepped by one jitted, vmapped call instead of RLlib's
+``SyncVectorMultiAgentEnv`` loop over ``SMACEnv`` copies. Everything else (episodes,
+connectors, callbacks, metrics) is RLlib's. StarCraft II backends keep RLlib's runner.
+
+Visible in the results as ``env_runners/smax_batched_envs`` (battles per compiled call).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+from ray.rllib.callbacks.utils import make_callback
+from ray.rllib.core.columns import Columns
+from ray.rllib.env.env_context import EnvContext
+from ray.rllib.env.env_runner import EnvRunner
+from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
+from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
+from ray.rllib.utils.annotations import override
+from ray.rllib.utils.metrics import (
+    NUM_AGENT_STEPS_SAMPLED,
+    NUM_AGENT_STEPS_SAMPLED_LIFETIME,
+    NUM_ENV_STEPS_SAMPLED,
+    NUM_ENV_STEPS_SAMPLED_LIFETIME,
+    NUM_EPISODES,
+    NUM_EPISODES_LIFETIME,
+    NUM_MODULE_STEPS_SAMPLED,
+    NUM_MODULE_STEPS_SAMPLED_LIFETIME,
+    RLMODULE_INFERENCE_TIMER,
+)
+from ray.rllib.utils.numpy import convert_to_numpy
+
+from rllib_ext.envs.smac.fused import EnvTrack, build_chunk, fused_sampling_applies
+from rllib_ext.envs.smac.settings import SC2_PACKAGES, SMACEnvSettings
+from rllib_ext.envs.smac.vector import SMAXBatch, SMAXVectorEnv
+
+__all__ = [
+    "SMAX_BATCHED_METRIC",
+    "SMAXVectorEnvRunner",
+    "smax_env_config",
+    "use_smax_vector_env_runner",
+]
+
+logger = logging.getLogger(__name__)
+
+SMAX_BATCHED_METRIC = "smax_batched_envs"
+"""``env_runners/<this>``: battles stepped per compiled call (0: not the batched path)."""
+SMAX_FUSED_METRIC = "smax_fused_sampling"
+"""``env_runners/<this>``: 1 when the last ``sample()`` ran the array-speed path."""
+
+
+def smax_env_config(env: Any, env_config: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The SMAC ``env_config`` with ``backend="smax"`` if ``env`` runs on SMAX, else ``None``.
+
+    ``backend="auto"`` resolves to SMAX exactly when :func:`rllib_ext.envs.smac.factory.make_backend`
+    would pick it: no ``game_factory``/``capability_config`` and no StarCraft II package that can
+    run the map.
+    """
+    from rllib_ext.envs import SMAC_ENV_DEFAULTS, is_smac_env
+
+    if not is_smac_env(env):
+        return None
+    defaults = SMAC_ENV_DEFAULTS.get(env, {}) if isinstance(env, str) else {}
+    merged = {**defaults, **dict(env_config or {})}
+    try:
+        settings = SMACEnvSettings.from_env_config(merged)
+    except (TypeError, ValueError):
+        return None  # the env itself raises the full message when it is built
+    if settings.backend == "smax":
+        return merged
+    if settings.backend != "auto":
+        return None
+    if settings.game_factory is not None or settings.capability_config is not None:
+        return None
+    from rllib_ext.envs.smac import sc2
+
+    if any(sc2.availability(package, settings.map_name)[0] for package in SC2_PACKAGES):
+        return None
+    return {**merged, "backend": "smax"}
+
+
+def use_smax_vector_env_runner(config: AlgorithmConfig) -> bool:
+    """Sets ``config.env_runner_cls`` to :class:`SMAXVectorEnvRunner` where it applies.
+
+    Applies when the env runs on SMAX, ``num_envs_per_env_runner > 1``, the config is
+    multi-agent, ``amp_inference`` is off and the user chose no env-runner class. Idempotent;
+    an earlier automatic choice is undone when the config no longer qualifies. Returns whether
+    the batched runner is selected.
+    """
+    chosen = config.env_runner_cls
+    if chosen is not None and chosen is not SMAXVectorEnvRunner:
+        return False
+    wanted = (
+        config.num_envs_per_env_runner > 1
+        and config.is_multi_agent
+        # amp_inference samples in the AMP env runner (with RLlib's vector env).
+        and config.learner_config_dict.get("amp_inference") is not True
+        and smax_env_config(config.env, config.env_config) is not None
+    )
+    config.env_runner_cls = SMAXVectorEnvRunner if wanted else None
+    return wanted
+
+
+class SMAXVectorEnvRunner(MultiAgentEnvRunner):
+    """``MultiAgentEnvRunner`` whose vector env is one :class:`SMAXVectorEnv`.
+
+    With ``fused_sampling`` (default on, ``config.env_config`` is untouched: the switch is the
+    runner attribute ``fused_sampling``), time-step sampling runs as arrays (see
+    :mod:`rllib_ext.envs.smac.fused`) whenever :func:`fused_sampling_applies`; otherwise, and
+    for episode-count sampling (evaluation), RLlib's own loop runs over the same vector env.
+    ``env_runners/smax_fused_sampling`` is 1 when the last ``sample()`` took the fused path.
+    """
+
+    fused_sampling: bool = True
+
+    @override(MultiAgentEnvRunner)
+    def __init__(self, config: AlgorithmConfig, **kwargs: Any) -> None:
+        super().__init__(config=config, **kwargs)
+        self._tracks: list[EnvTrack | None] | None = None
+        self._fused_last = False
+
+    @override(MultiAgentEnvRunner)
+    def make_env(self) -> None:
+        if self.env is not None:
+            self.env.close()
+            self.env = None
+        env_config = smax_env_config(self.config.env, self.config.env_config)
+        if env_config is None:
+            raise ValueError(
+                f"SMAXVectorEnvRunner needs a SMAC env on the SMAX backend, got env="
+                f"{self.config.env!r} with env_config={dict(self.config.env_config)!r}. Fix: "
+                "use env 'smax' (or backend='smax'), or leave env_runner_cls unset so "
+                "rllib_ext picks RLlib's MultiAgentEnvRunner for StarCraft II."
+            )
+        self.env = SMAXVectorEnv(
+            env_config,
+            num_envs=self.config.num_envs_per_env_runner,
+            worker_index=self.worker_index or 0,
+        )
+        self.num_envs = self.env.num_envs
+        self._needs_initial_reset = True
+        env_ctx = EnvContext(
+            env_config,
+            worker_index=self.worker_index,
+            num_workers=self.config.num_env_runners,
+            remote=self.config.remote_worker_envs,
+        )
+        make_callback(
+            "on_environment_created",
+            callbacks_objects=self._callbacks,
+            callbacks_functions=self.config.callbacks_on_environment_created,
+            kwargs=dict(
+                env_runner=self,
+                metrics_logger=self.metrics,
+                env=self.env,
+                env_context=env_ctx,
+            ),
+        )
+
+    @override(EnvRunner)
+    def sample(self, *args: Any, **kwargs: Any) -> Any:
+        episodes = super().sample(*args, **kwargs)
+        self.metrics.log_value(SMAX_BATCHED_METRIC, self.num_envs, window=1)
+        self.metrics.log_value(SMAX_FUSED_METRIC, float(self._fused_last), window=1)
+        return episodes
+
+    @override(MultiAgentEnvRunner)
+    def _sample(
+        self,
+        *,
+        num_timesteps: int | None = None,
+        num_episodes: int | None = None,
+        explore: bool,
+        random_actions: bool = False,
+        force_reset: bool = False,
+    ) -> list[MultiAgentEpisode]:
+        why_not = (
+            "fused_sampling=False"
+            if not self.fused_sampling
+            else fused_sampling_applies(
+                self, num_timesteps=num_timesteps, random_actions=random_actions
+            )
+        )
+        if why_not:
+            if self._tracks is not None:  # leaving the fused path: RLlib's loop starts afresh
+                self._tracks = None
+                force_reset = True
+            self._fused_last = False
+            logger.debug("SMAX fused sampling off for this call: %s", why_not)
+            return super()._sample(
+                num_timesteps=num_timesteps,
+                num_episodes=num_episodes,
+                explore=explore,
+                random_actions=random_actions,
+                force_reset=force_reset,
+            )
+        self._fused_last = True
+        return self._sample_fused(num_timesteps, explore=explore, force_reset=force_reset)
+
+    # ------------------------------------------------------------------ fused path
+    def _new_track(self) -> EnvTrack:
+        return EnvTrack(episode_id=uuid.uuid4().hex, env_t_started=0)
+
+    def _start(self, track: EnvTrack, batch: SMAXBatch, e: int) -> None:
+        track.obs.append(batch.obs[e])
+        track.avail.append(batch.avail[e])
+        if self.env.settings.include_state:
+            track.state.append(batch.state[e])
+        track.infos.append({})
+
+    def _chunk(self, track: EnvTrack, *, terminated: bool, truncated: bool) -> MultiAgentEpisode:
+        env = self.env
+        return build_chunk(
+            track,
+            agents=env.possible_agents,
+            terminated=terminated,
+            truncated=truncated,
+            observation_space=env.single_observation_spaces,
+            action_space=env.single_action_spaces,
+            module_id=self._module_id,
+            mapping_fn=self.config.policy_mapping_fn,
+        )
+
+    def _sample_fused(
+        self, num_timesteps: int, *, explore: bool, force_reset: bool
+    ) -> list[MultiAgentEpisode]:
+        env: SMAXVectorEnv = self.env
+        n_envs, n_agents = env.num_envs, len(env.possible_agents)
+        if force_reset or self._tracks is None or self._needs_initial_reset:
+            batch = env.reset_arrays(seed=self._seed if self._needs_initial_reset else None)
+            self._needs_initial_reset = False
+            self._ongoing_episodes_for_metrics.clear()
+            self._tracks = [self._new_track() for _ in range(n_envs)]
+            for e, track in enumerate(self._tracks):
+                self._start(track, batch, e)
+        tracks = self._tracks
+        self._module_id = module_id = next(iter(self.module.keys()))
+        rl_module = self.module[module_id]
+        dist_cls = (
+            rl_module.get_exploration_action_dist_cls()
+            if explore
+            else rl_module.get_inference_action_dist_cls()
+        )
+        include_state = env.settings.include_state
+        rows = n_envs * n_agents
+        done: list[MultiAgentEpisode] = []
+        env_ts = 0
+        episodes_done = 0
+        while env_ts < num_timesteps:
+            batch = env.last
+            obs = {
+                "observations": torch.from_numpy(batch.obs.reshape(rows, -1)),
+                "action_mask": torch.from_numpy(batch.avail.reshape(rows, -1)),
+            }
+            if include_state:
+                obs["state"] = torch.from_numpy(np.repeat(batch.state, n_agents, axis=0))
+            module_batch = {module_id: {Columns.OBS: obs}}
+            with self.metrics.log_time(RLMODULE_INFERENCE_TIMER):
+                if explore:
+                    # RLlib's global step estimate (for exploration schedules).
+                    runners = self.config.num_env_runners or 1
+                    t = (self.num_env_steps_sampled_lifetime // runners + env_ts) * runners
+                    out = self.module.forward_exploration(module_batch, t=t)
+                else:
+                    out = self.module.forward_inference(module_batch)
+                logits = out[module_id][Columns.ACTION_DIST_INPUTS]
+                dist = dist_cls.from_logits(logits)
+                if not explore:
+                    dist = dist.to_deterministic()
+                actions = dist.sample()
+                logp = dist.logp(actions)
+            # RLlib's TensorToNumpy piece: the same conversion (int64 -> int32, float -> float32).
+            actions_np, logp_np, logits_np = convert_to_numpy((actions, logp, logits))
+            actions_np = actions_np.reshape(n_envs, n_agents)
+            logp_np = logp_np.reshape(n_envs, n_agents)
+            logits_np = logits_np.reshape(n_envs, n_agents, -1)
+            new = env.step_arrays(actions_np)
+            seq_no = self._weights_seq_no
+            for e in range(n_envs):
+                track = tracks[e]
+                if new.was_reset[e]:
+                    track = tracks[e] = self._new_track()
+                    self._start(track, new, e)
+                    continue
+                track.actions.append(actions_np[e])
+                track.logp.append(logp_np[e])
+                track.logits.append(logits_np[e])
+                track.rewards.append(float(new.reward[e]) * env.reward_scale)
+                track.weights_seq_no.append(seq_no)
+                track.obs.append(new.obs[e])
+                track.avail.append(new.avail[e])
+                if include_state:
+                    track.state.append(new.state[e])
+                term, trunc = bool(new.terminated[e]), bool(new.truncated[e])
+                track.infos.append(env.step_info(new, e))
+                env_ts += 1
+                if term or trunc:
+                    episode = self._chunk(track, terminated=term, truncated=trunc)
+                    episodes_done += 1
+                    done.append(episode)
+                    self._on_episode_end(episode)
+                    tracks[e] = None
+        ongoing: list[MultiAgentEpisode] = []
+        for e, track in enumerate(tracks):
+            if track is None or not track.actions:
+                continue  # a finished or just-reset episode: nothing to return yet
+            chunk = self._chunk(track, terminated=False, truncated=False)
+            self._ongoing_episodes_for_metrics[chunk.id_].append(chunk)
+            ongoing.append(chunk)
+            tracks[e] = track.continuation()
+        self._done_episodes_for_metrics.extend(done)
+        self._log_fused_counts(env_ts, episodes_done)
+        return done + ongoing
+
+    def _on_episode_end(self, episode: MultiAgentEpisode) -> None:
+        make_callback(
+            "on_episode_end",
+            callbacks_objects=self._callbacks,
+            callbacks_functions=self.config.callbacks_on_episode_end,
+            kwargs=dict(
+                episode=episode,
+                env_runner=self,
+                metrics_logger=self.metrics,
+                env=self.env,
+                rl_module=self.module,
+                env_index=0,
+                prev_episode_chunks=self._ongoing_episodes_for_metrics[episode.id_],
+            ),
+        )
+
+    def _log_fused_counts(self, env_steps: int, episodes: int) -> None:
+        """RLlib's per-step sample counters, logged once with the totals of this call."""
+        if env_steps <= 0:
+            return
+        metrics = self.metrics
+        metrics.log_value(NUM_ENV_STEPS_SAMPLED, env_steps, reduce="sum")
+        metrics.log_value(
+            NUM_ENV_STEPS_SAMPLED_LIFETIME, env_steps, reduce="lifetime_sum", with_throughput=True
+        )
+        self._log_env_steps(metric=self._metrics_num_env_steps_sampled, num_steps=env_steps)
+        if episodes:
+            metrics.log_value(NUM_EPISODES, episodes, reduce="sum")
+            metrics.log_value(NUM_EPISODES_LIFETIME, episodes, reduce="lifetime_sum")
+        for agent in self.env.possible_agents:
+            metrics.log_value((NUM_AGENT_STEPS_SAMPLED, agent), env_steps, reduce="sum")
+            metrics.log_value(
+                (NUM_AGENT_STEPS_SAMPLED_LIFETIME, agent), env_steps, reduce="lifetime_sum"
+            )
+        module_steps = env_steps * len(self.env.possible_agents)
+        metrics.log_value((NUM_MODULE_STEPS_SAMPLED, self._module_id), module_steps, reduce="sum")
+        metrics.log_value(
+            (NUM_MODULE_STEPS_SAMPLED_LIFETIME, self._module_id),
+            module_steps,
+            reduce="lifetime_sum",
+        )
