@@ -53,9 +53,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from rllib_ext.distributed import BF16State, bf16_hook, make_comm_hook
-from rllib_ext.distributed._base import allreduce_wire_bytes
-from rllib_ext.ops import compression, compression_compiled
+from rllib_ext.distributed import BF16State, bf16_hook
+from rllib_ext.distributed.stats import allreduce_wire_bytes
+from rllib_ext.learners.comm import make_comm_hook
+from rllib_ext.ops.codecs import cast, onebit, powersgd, select_kernels
+from rllib_ext.settings import CompressionSettings
 
 MODELS = {
     # name: (observation size, hidden layers), two encoders (pi, vf) + heads (2 actions, 1 value)
@@ -144,97 +146,60 @@ def _median_ms(fn, repeats: int = 3) -> float:
 
 
 def codec_ms(model: nn.Module, world_size: int) -> dict[str, float]:
-    """Compress + decompress arithmetic per step, one rank, no communication."""
+    """Compress + decompress arithmetic per step, one rank, no communication: the codec
+    functions the hooks call (``rllib_ext.ops.codecs``), with the kernels the hooks select."""
     numel = sum(p.numel() for p in model.parameters())
     grads = torch.randn(numel)
     out = torch.empty(numel)
 
-    def cast(dtype: torch.dtype) -> None:
-        out.copy_(compression.cast_compress(grads, dtype, divisor=world_size))
+    def cast_to(dtype: torch.dtype) -> None:
+        out.copy_(cast.cast_compress(grads, dtype, divisor=world_size))
 
     def bf16_allgather() -> None:
-        rounded = grads.to(torch.bfloat16)
-        gathered = rounded.repeat(world_size)  # stands in for the all-gathered bit patterns
-        rows = gathered.view(world_size, numel)
-        out.copy_(rows[0])
-        for row in rows[1:]:
-            out.add_(row)
-        out.div_(world_size)
-        out.copy_(out.to(torch.bfloat16))
+        gathered = cast.bf16_bytes(grads).repeat(world_size)  # stands in for the all-gather
+        cast.bf16_mean_of_bytes(gathered, world_size, out=out)
 
     residual = torch.zeros(numel)
     rms = grads.abs() + 1e-3
-    workspace = torch.empty(numel, dtype=torch.bool)
     scratch = torch.empty(numel)
+    kernels = select_kernels("auto", grads)
 
-    kernels = compression_compiled.load()
-
-    def onebit() -> None:
-        # As the learner's hook after warm-up: compress g / rms, decode times rms; with the
-        # compiled kernels where the hook uses them (CPU float32), else the torch ops.
-        if kernels is None:
-            corrected = residual.addcdiv_(grads, rms)
-            packed, scale = compression.onebit_encode(corrected, workspace=workspace, signs=scratch)
-            compression.onebit_residual_(corrected, scale, signs=scratch)
-            payloads = compression.pack_onebit_payload(packed, scale).repeat(world_size, 1)
-            compression.onebit_decode_mean(payloads, numel, out=out).mul_(rms)
-            return
-        payload = np.empty(compression.onebit_payload_nbytes(numel), dtype=np.uint8)
-        abs_sum = kernels.encode(
-            grads.numpy(), rms.numpy(), True, residual.numpy(), True, payload[4:]
+    def onebit_step() -> None:
+        # As the hook after warm-up: compress g / rms with error feedback, decode times rms.
+        payload = onebit.encode(
+            grads, residual=residual, precond=rms, kernels=kernels, scratch=scratch
         )
-        scale = np.float32(abs_sum / numel)
-        kernels.residual(residual.numpy(), scale)
-        payload[:4] = np.array([scale], dtype=np.float32).view(np.uint8)
-        payloads = np.tile(payload, (world_size, 1))
-        table = compression_compiled.decode_table(
-            payloads[:, :4].copy().view(np.float32).reshape(-1)
-        )
-        kernels.decode_mean(payloads[:, 4:], table, rms.numpy(), True, out.numpy())
+        payloads = payload.repeat(world_size, 1)  # stands in for the all-gather
+        onebit.decode_mean(payloads, precond=rms, out=out, kernels=kernels)
 
     matrices, offset = [], 0
     error = torch.zeros(numel)
     for param in model.parameters():
         rows = param.shape[0]
         cols = param.numel() // rows
-        if compression.should_compress_low_rank(rows, cols, POWERSGD_RANK, 2):
+        if powersgd.should_compress(rows, cols, POWERSGD_RANK, 2):
             rank = min(rows, cols, POWERSGD_RANK)
             view = grads[offset : offset + param.numel()].view(rows, cols)
             err = error[offset : offset + param.numel()].view(rows, cols)
             matrices.append((view, torch.randn(rank, cols), torch.empty(rows, rank), err))
         offset += param.numel()
 
-    def powersgd() -> None:
-        # The arithmetic of rllib_ext's powersgd_hook per step: error feedback, P = M Q,
-        # orthogonalise P, Q^T = P^T M, M = P Q^T and the new error, finiteness check; fused
-        # where the hook fuses it (CPU float32 with the compiled kernels), torch ops otherwise.
-        if kernels is None:
-            grads.add_(error)
+    def powersgd_step() -> None:
+        # As the hook: error feedback and P = M Q, orthogonalise, Q^T = P^T M, decode + error.
         for matrix, qt, p, err in matrices:
-            compression.orthogonalize_(qt.T, epsilon=1e-8)
-            if kernels is None:
-                torch.mm(matrix, qt.T, out=p)
-            else:
-                kernels.add_error_and_p(matrix.numpy(), err.numpy(), qt.numpy(), p.numpy(), True)
-            compression.orthogonalize_(p, epsilon=1e-8)
-            torch.mm(p.T, matrix, out=qt)
-        if kernels is None:
-            error.copy_(grads)
+            powersgd.orthogonalize_(qt.T, epsilon=1e-8)
+            powersgd.add_error_and_p(matrix, qt, p, error=err, kernels=kernels)
+            powersgd.compute_qt(matrix, p, qt, epsilon=1e-8)
         for matrix, qt, p, err in matrices:
-            if kernels is None:
-                torch.mm(p, qt, out=matrix)
-            else:
-                kernels.decode_with_error(matrix.numpy(), err.numpy(), p.numpy(), qt.numpy(), True)
-        if kernels is None:
-            error.sub_(grads)
+            powersgd.decode_with_error(matrix, p, qt, error=err, kernels=kernels)
 
     return {
         "allreduce": 0.0,
-        "fp16": _median_ms(lambda: cast(torch.float16)),
-        "bf16": _median_ms(lambda: cast(torch.bfloat16)),
+        "fp16": _median_ms(lambda: cast_to(torch.float16)),
+        "bf16": _median_ms(lambda: cast_to(torch.bfloat16)),
         "bf16-ag": _median_ms(bf16_allgather),
-        "powersgd": _median_ms(powersgd),
-        "onebit": _median_ms(onebit),
+        "powersgd": _median_ms(powersgd_step),
+        "onebit": _median_ms(onebit_step),
     }
 
 
@@ -260,16 +225,20 @@ def run_worker(args: argparse.Namespace) -> None:
             ddp = nn.parallel.DistributedDataParallel(model)
             state = None
             if name == "bf16-ag":
-                state = BF16State(transport="allgather")
+                state = BF16State(
+                    CompressionSettings(grad_compression="bf16"), transport="allgather"
+                )
                 ddp.register_comm_hook(state, bf16_hook)
             elif name != "allreduce":
                 # PowerSGD and 1-bit warm up with plain steps (as in the learner); the timed
                 # steps come after --warmup >= 3 steps, so they are compressed.
                 hook, state = make_comm_hook(
-                    name,
-                    powersgd_rank=POWERSGD_RANK,
-                    powersgd_start_iter=2,
-                    onebit_warmup_steps=2,
+                    CompressionSettings(
+                        grad_compression=name,
+                        powersgd_rank=POWERSGD_RANK,
+                        powersgd_start_iter=2,
+                        onebit_warmup_steps=2,
+                    )
                 )
                 ddp.register_comm_hook(state, hook)
             for _ in range(args.warmup):  # PowerSGD compresses from step 2 on

@@ -1,91 +1,40 @@
-"""Shared machinery of the comm-hook state objects: statistics, byte accounting, checkpoints.
+"""The base of every comm-hook state: process group, statistics, checkpoint format, pickling.
 
-Kept apart from :mod:`rllib_ext.distributed.comm_hooks` so that module holds only the hooks and
-their hyper-parameters. Nothing here imports Ray.
-
-Bytes "as on the wire" are the payload bytes one rank sends under the ring algorithms that gloo
-uses for these collectives (and NCCL's ring for large messages): an all-reduce of ``B`` bytes
-sends ``2 (W - 1) / W * B`` per rank (reduce-scatter plus all-gather), an all-gather of a ``B``
-byte message sends ``(W - 1) * B`` per rank. TCP/IP framing is not included (the benchmark
-compares these numbers with the interface's ``tx_bytes``).
+Nothing here imports Ray. The per-codec states (:mod:`~rllib_ext.distributed.cast`,
+:mod:`~.onebit`, :mod:`~.powersgd`) add their hyper-parameters and memory as ``__slots__``.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 
-from rllib_ext.ops import compression_compiled
+from rllib_ext.distributed.stats import HookStats, Observer
 
 __all__ = [
-    "CODECS",
+    "STATE_FORMAT_VERSION",
     "CommHookState",
-    "check_codec",
-    "compiled_codec",
-    "allreduce_wire_bytes",
-    "allgather_wire_bytes",
+    "Group",
+    "PendingBuckets",
     "bucket_fingerprint",
-    "merge_states",
     "gather_state",
+    "int_keys",
+    "merge_states",
 ]
 
 logger = logging.getLogger(__name__)
 
-# torch >= 2.13 names the single-tensor all-gather `all_gather_single`; older ones only have
-# `all_gather_into_tensor` (deprecated from 2.13 on).
-all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+Group = dist.ProcessGroup | None
+"""A hook's process group; ``None`` = the default group, looked up at use time."""
 
 STATE_FORMAT_VERSION = 1
 # DDP rebuilds its buckets after the first backward pass (iteration 1), so a bucket layout seen
 # at step >= 2 is final. Restored per-bucket tensors that matched no bucket by then are dropped.
 _PENDING_MAX_AGE = 2
-
-
-CODECS = ("auto", "numba", "torch")
-"""Codec arithmetic of the 1-bit and PowerSGD hooks: ``auto`` = the fused numba kernels of
-:mod:`rllib_ext.ops.compression_compiled` for CPU float32 buckets where numba works, torch ops
-otherwise; ``torch`` = always torch ops; ``numba`` = like auto, but numba must load."""
-
-
-def check_codec(codec: str) -> str:
-    """Validates a ``codec`` option (see :data:`CODECS`); returns it."""
-    if codec not in CODECS:
-        raise ValueError(
-            f"codec={codec!r} is not one of {CODECS}. Fix: use 'auto' (compiled kernels "
-            "where they apply), 'torch' or 'numba'."
-        )
-    if codec == "numba" and compression_compiled.load() is None:
-        raise ValueError(
-            "codec='numba' but numba is not importable here (or failed to compile). "
-            "Fix: pip install numba, or use codec='auto'."
-        )
-    return codec
-
-
-def compiled_codec(codec: str, buffer: torch.Tensor) -> compression_compiled.CodecKernels | None:
-    """The compiled kernels where they apply to ``buffer`` (CPU, float32, contiguous) and
-    ``codec`` allows them; ``None`` means torch ops."""
-    if codec == "torch":
-        return None
-    applies = (
-        buffer.device.type == "cpu" and buffer.dtype == torch.float32 and buffer.is_contiguous()
-    )
-    return compression_compiled.load() if applies else None
-
-
-def allreduce_wire_bytes(nbytes: int, world_size: int) -> int:
-    """Bytes one rank sends in a ring all-reduce of an ``nbytes`` buffer."""
-    return 2 * (world_size - 1) * nbytes // world_size
-
-
-def allgather_wire_bytes(nbytes: int, world_size: int) -> int:
-    """Bytes one rank sends in a ring all-gather of its ``nbytes`` message."""
-    return (world_size - 1) * nbytes
 
 
 def bucket_fingerprint(bucket: dist.GradBucket) -> tuple[int, ...]:
@@ -116,30 +65,20 @@ def _to_plain(value: Any) -> Any:
     return value
 
 
-def _int_keys(mapping: Mapping[Any, Any]) -> dict[int, Any]:
+def int_keys(mapping: Mapping[Any, Any]) -> dict[int, Any]:
     """Checkpoint formats may turn int dict keys into strings; turn them back."""
     return {int(k): v for k, v in mapping.items()}
 
 
 class CommHookState:
-    """Base of every hook state: process group, per-update statistics, checkpoint format.
+    """Base of every hook state: process group, statistics, checkpoint format.
 
     Subclasses add their hyper-parameters and internal state as ``__slots__`` and implement
     ``_shared_state``/``_rank_state``/``_load_shared``/``_load_rank``.
 
-    Statistics (reset by :meth:`pop_stats`):
-
-    * ``bytes_sent``: bytes this rank sent, as on the wire (see the module docstring);
-    * ``bytes_uncompressed``: what a plain all-reduce of the same buckets would have sent;
-    * ``comm_time_s``: wall time from hook start to the completion of its future, summed over
-      buckets (buckets can overlap each other and the backward pass, so this can exceed the
-      wall time of a step);
-    * ``encode_time_s`` / ``decode_time_s``: the synchronous compression part of the hook and
-      the decompression callback (host time; on CUDA, kernel launch time);
-    * ``num_buckets``, ``num_steps`` (steps = calls on the last bucket of a backward pass) and
-      ``num_nonfinite_buckets`` (decoded bucket had inf/NaN; counted by the hooks that must reset
-      memory then: ``onebit`` and ``powersgd``), ``num_compiled_buckets`` (compressed with the
-      fused numba kernels of :mod:`rllib_ext.ops.compression_compiled`).
+    Statistics: every hook call reports its bucket to :attr:`stats` (see
+    :mod:`rllib_ext.distributed.stats`); :meth:`pop_stats` returns the sums since the last call,
+    :meth:`add_observer` sees every bucket record.
     """
 
     hook_name: ClassVar[str] = ""
@@ -147,85 +86,35 @@ class CommHookState:
     __slots__ = (
         # Communication. None means the default (WORLD) group; dropped when pickled.
         "process_group",
-        # Statistics since the last pop_stats(). Future callbacks run on the backend's threads,
-        # hence the lock.
-        "bytes_sent",
-        "bytes_uncompressed",
-        "comm_time_s",
-        "encode_time_s",
-        "decode_time_s",
-        "num_buckets",
-        "num_steps",
-        "num_nonfinite_buckets",
-        "num_compiled_buckets",
-        "_stats_lock",
-    )
-
-    _STAT_SLOTS: ClassVar[tuple[str, ...]] = (
-        "bytes_sent",
-        "bytes_uncompressed",
-        "comm_time_s",
-        "encode_time_s",
-        "decode_time_s",
-        "num_buckets",
-        "num_steps",
-        "num_nonfinite_buckets",
-        "num_compiled_buckets",
+        # Statistics since the last pop_stats(), and the observers (not pickled).
+        "stats",
     )
 
     def __init__(self, process_group: dist.ProcessGroup | None = None) -> None:
         self.process_group = process_group
-        self._stats_lock = threading.Lock()
-        self.reset_stats()
+        self.stats = HookStats()
 
-    # ---------------------------------------------------------------- communication helpers
-
-    def _group(self) -> dist.ProcessGroup:
-        return self.process_group if self.process_group is not None else dist.group.WORLD
-
-    # ---------------------------------------------------------------------------- statistics
-
-    def _record(
-        self,
-        *,
-        bytes_sent: int,
-        bytes_uncompressed: int,
-        comm_time_s: float,
-        encode_time_s: float = 0.0,
-        decode_time_s: float = 0.0,
-        is_last: bool,
-        nonfinite: bool = False,
-        compiled: bool = False,
-    ) -> None:
-        with self._stats_lock:
-            self.bytes_sent += bytes_sent
-            self.bytes_uncompressed += bytes_uncompressed
-            self.comm_time_s += comm_time_s
-            self.encode_time_s += encode_time_s
-            self.decode_time_s += decode_time_s
-            self.num_buckets += 1
-            self.num_steps += int(is_last)
-            self.num_nonfinite_buckets += int(nonfinite)
-            self.num_compiled_buckets += int(compiled)
-
-    def reset_stats(self) -> None:
-        """Zeroes the statistics."""
-        for slot in self._STAT_SLOTS:
-            setattr(self, slot, 0.0 if slot.endswith("_s") else 0)
+    def group(self) -> dist.ProcessGroup:
+        """The process group to communicate in (``process_group`` or the default group)."""
+        group = self.process_group if self.process_group is not None else dist.group.WORLD
+        if group is None:
+            raise RuntimeError(
+                "A comm hook ran without a process group. Fix: call "
+                "torch.distributed.init_process_group() before the first backward pass."
+            )
+        return group
 
     def pop_stats(self) -> dict[str, float]:
-        """The statistics since the last call, plus ``compression_ratio``; then resets them.
+        """See :meth:`HookStats.pop`: call once per learner update."""
+        return self.stats.pop()
 
-        ``compression_ratio = bytes_uncompressed / bytes_sent`` (1.0 when nothing was sent,
-        e.g. with a single rank). Call once per learner update and log each key under
-        ``learners/<module_id>/comm/<key>``.
-        """
-        with self._stats_lock:
-            stats: dict[str, float] = {slot: getattr(self, slot) for slot in self._STAT_SLOTS}
-            self.reset_stats()
-        sent = stats["bytes_sent"]
-        stats["compression_ratio"] = stats["bytes_uncompressed"] / sent if sent else 1.0
-        return stats
+    def add_observer(self, observer: Observer) -> None:
+        """Calls ``observer(record)`` with a :class:`~rllib_ext.distributed.stats.BucketRecord`
+        for every bucket this hook exchanges from now on."""
+        self.stats.add_observer(observer)
+
+    def remove_observer(self, observer: Observer) -> None:
+        self.stats.remove_observer(observer)
 
     # --------------------------------------------------------------------------- checkpoints
 
@@ -297,7 +186,7 @@ class CommHookState:
             )
         self._load_shared(state.get("shared", {}))
         rank, world_size = _current_rank_and_world(self.process_group)
-        per_rank = _int_keys(state.get("per_rank", {}))
+        per_rank = int_keys(state.get("per_rank", {}))
         entry = per_rank.get(rank) if state.get("world_size") == world_size else None
         if entry is None and per_rank:
             logger.info(
@@ -321,11 +210,11 @@ class CommHookState:
         return slots
 
     def __getstate__(self) -> dict[str, Any]:
-        """Everything except the process group (not serialisable) and the lock."""
+        """Everything except the process group (not serialisable); the stats drop their observers."""
         return {
             slot: getattr(self, slot)
             for slot in self._all_slots()
-            if slot not in ("process_group", "_stats_lock") and hasattr(self, slot)
+            if slot != "process_group" and hasattr(self, slot)
         }
 
     def __setstate__(self, state: Mapping[str, Any]) -> None:
@@ -334,7 +223,6 @@ class CommHookState:
         Set ``state.process_group`` afterwards if the hook ran on a sub-group.
         """
         self.process_group = None
-        self._stats_lock = threading.Lock()
         for slot, value in state.items():
             setattr(self, slot, value)
 
@@ -354,7 +242,7 @@ def merge_states(states: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     merged: dict[str, Any] | None = None
     for state in states:
         if merged is None:
-            merged = {**state, "per_rank": dict(_int_keys(state.get("per_rank", {})))}
+            merged = {**state, "per_rank": dict(int_keys(state.get("per_rank", {})))}
             continue
         if state.get("hook") != merged["hook"] or state.get("world_size") != merged["world_size"]:
             raise ValueError(
@@ -362,7 +250,7 @@ def merge_states(states: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
                 f"{state.get('hook')!r}/{state.get('world_size')!r} vs "
                 f"{merged['hook']!r}/{merged['world_size']!r}. Fix: merge states of one run."
             )
-        merged["per_rank"].update(_int_keys(state.get("per_rank", {})))
+        merged["per_rank"].update(int_keys(state.get("per_rank", {})))
     if merged is None:
         raise ValueError("merge_states() needs at least one state.")
     return merged
@@ -375,14 +263,14 @@ def gather_state(state: CommHookState) -> dict[str, Any]:
     the same learner update). It moves each rank's residuals (as large as the model) through
     ``all_gather_object``, so call it when saving, not every step.
     """
-    group = state._group()
+    group = state.group()
     mine = state.get_state()
     everyone: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(everyone, mine, group=group)
     return merge_states(everyone)
 
 
-class _PendingBuckets:
+class PendingBuckets:
     """Restored per-bucket tensors waiting for a bucket with the layout they were saved for."""
 
     __slots__ = ("entries", "age")
@@ -396,6 +284,12 @@ class _PendingBuckets:
         if entry is not None and tuple(entry["fingerprint"]) == fingerprint:
             return self.entries.pop(index)
         return None
+
+    def scale(self, key: str, factor: float) -> None:
+        """Multiplies the restored ``key`` tensors (error feedback) by ``factor``."""
+        for entry in self.entries.values():
+            if entry.get(key) is not None:
+                entry[key] = entry[key] * factor
 
     def end_step(self, hook_name: str) -> None:
         """Called once per backward pass; forgets entries that never matched."""

@@ -1,26 +1,72 @@
-"""Gradient-compression part of ``PPOExtTorchLearner``: hook registration, metrics, state.
+"""Gradient-compression part of ``PPOExtTorchLearner``: settings -> hook, registration, metrics.
 
 RLlib wraps each module in ``TorchDDPRLModule`` (a ``DistributedDataParallel``) when
 ``num_learners > 1`` (``TorchLearner._make_modules_ddp_if_necessary`` and ``add_module``); the
 learner calls :meth:`CommCompression.register` right after both, so every DDP module gets its
-hook before its first backward pass.
+hook before its first backward pass. The path of ``grad_compression`` from here: the hook and
+state of :data:`HOOKS` (``rllib_ext/distributed/<codec>.py``), which call the codec's math in
+``rllib_ext/ops/codecs/<codec>.py``.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
+import torch.distributed as dist
 from ray.rllib.core.rl_module.multi_rl_module import MultiRLModule
 from ray.rllib.core.rl_module.torch.torch_rl_module import TorchDDPRLModule
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
-from rllib_ext.distributed import CommHookState, make_comm_hook
+from rllib_ext.distributed import (
+    BF16State,
+    CommHookState,
+    FP16State,
+    OneBitState,
+    PowerSGDHookState,
+    bf16_hook,
+    fp16_hook,
+    onebit_hook,
+    powersgd_hook,
+)
 from rllib_ext.settings import CompressionSettings
 
-__all__ = ["CommCompression"]
+__all__ = ["HOOKS", "CommCompression", "make_comm_hook"]
 
 logger = logging.getLogger(__name__)
+
+CommHook = Callable[[Any, dist.GradBucket], Any]
+
+StateFactory = Callable[[CompressionSettings, dist.ProcessGroup | None], CommHookState]
+
+HOOKS: dict[str, tuple[CommHook, StateFactory]] = {
+    "fp16": (fp16_hook, FP16State),
+    "bf16": (bf16_hook, BF16State),
+    "powersgd": (powersgd_hook, PowerSGDHookState),
+    "onebit": (onebit_hook, OneBitState),
+}
+"""``grad_compression`` value -> (hook, state class); every state class takes the settings."""
+
+
+def make_comm_hook(
+    settings: CompressionSettings, process_group: dist.ProcessGroup | None = None
+) -> tuple[CommHook, CommHookState]:
+    """``(hook, state)`` for ``ddp_module.register_comm_hook(state, hook)``.
+
+    One state per DDP module: states hold per-bucket memory keyed by bucket index. The settings
+    were validated when they were built; their values are the only defaults.
+
+    Raises:
+        ValueError: ``settings.grad_compression`` is ``None`` (no hook: DDP's plain all-reduce).
+    """
+    if settings.grad_compression is None:
+        raise ValueError(
+            "make_comm_hook() got grad_compression=None, which means no hook. Fix: leave DDP's "
+            f"plain all-reduce in place, or pick one of {sorted(HOOKS)}."
+        )
+    hook, state_class = HOOKS[settings.grad_compression]
+    return hook, state_class(settings, process_group)
 
 
 class CommCompression:
@@ -42,14 +88,7 @@ class CommCompression:
         for mid, sub in module._rl_modules.items():
             if not isinstance(sub, TorchDDPRLModule) or mid in self.states:
                 continue
-            s = self.settings
-            hook, state = make_comm_hook(
-                s.grad_compression,
-                powersgd_rank=s.powersgd_rank,
-                powersgd_start_iter=s.powersgd_start_iter,
-                error_feedback=s.compression_error_feedback,
-                onebit_warmup_steps=s.onebit_warmup_steps,
-            )
+            hook, state = make_comm_hook(self.settings)
             sub.register_comm_hook(state, hook)
             self.states[mid] = state
             if mid in self._pending_state:
