@@ -291,6 +291,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.handler(args)
     except CLIError as exc:
         return _error(str(exc))
+    except Exception as exc:  # bad input found late (corrupt checkpoint, non-UTF-8 file)
+        from rllib_ext.cli.inputs import one_line_error
+
+        message = one_line_error(
+            exc,
+            checkpoint=getattr(args, "resume", None) or getattr(args, "checkpoint", None),
+            config_file=getattr(args, "config", None),
+        )
+        if message is None:
+            raise
+        return _error(message)
     except KeyboardInterrupt:
         print("rllib-ext: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -372,7 +372,44 @@ CORE_OPTIONS: tuple[Option, ...] = (
         train_only=True,
         default_text="./rllib_ext_runs/ENV_YYYYmmdd-HHMMSS",
     ),
+    # Fault handling (rllib_ext.envs.guard, rllib_ext.learners.health).
+    Option(
+        "restart_failed_env_runners",
+        convert=_bool,
+        default=True,
+        help="a crashing env costs only its episode: the env copy is re-created (and a dead "
+        "env runner restarted); false: an env error fails the run",
+        example="false",
+        metavar="BOOL",
+        group="resources",
+    ),
+    Option(
+        "non_finite",
+        convert=lambda value: _one_of(value, ("warn", "drop")),
+        default="warn",
+        help="nan/inf env rewards or observations: 'warn' (one line per episode) or 'drop' "
+        "(warn and drop the episode)",
+        example="drop",
+        metavar="{warn,drop}",
+        group="env",
+    ),
+    Option(
+        "learner_timeout",
+        convert=_float_value(positive=True),
+        default=600.0,
+        help="fail the run when a learner shows no sign of life for this many seconds",
+        example="600",
+        metavar="SECONDS",
+        group="resources",
+        train_only=True,
+    ),
 )
+
+
+def _one_of(value: Any, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(f"is not supported; allowed values: {', '.join(allowed)}")
+    return str(value)
 
 
 def _extension_option(spec: SettingSpec) -> Option:

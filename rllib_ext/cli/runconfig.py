@@ -81,6 +81,9 @@ class TrainSettings:
     address: str | None = None
     seed: int | None = None
     run_dir: str | None = None
+    restart_failed_env_runners: bool = True
+    non_finite: str = "warn"
+    learner_timeout: float = 600.0
     extensions: dict[str, Any] = field(
         default_factory=lambda: {o.key: o.default for o in EXTENSION_OPTIONS}
     )

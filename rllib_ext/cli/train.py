@@ -73,7 +73,9 @@ def check_settings(settings: TrainSettings) -> None:
             or PPO settings RLlib rejects.
     """
     from rllib_ext.cli.envs import check_env
+    from rllib_ext.cli.inputs import check_inputs
 
+    check_inputs(settings)
     check_env(settings.env, settings.env_config)
     if settings.num_gpus_per_learner > 0 and settings.address is None:
         import torch
@@ -124,6 +126,10 @@ def build_algo_config(settings: TrainSettings, *, config_cls: type | None = None
         )
     except (TypeError, ValueError) as exc:
         raise CLIError(f"PPO rejected the settings: {exc}") from None
+    if issubclass(config_cls, PPOConfig):
+        from rllib_ext.cli.envs import configure_env
+
+        configure_env(config, settings)
     return config
 
 
