@@ -1,4 +1,4 @@
-"""The ``rllib-ext`` command: ``train``, ``evaluate``, ``profile`` and ``doctor``.
+"""The ``rllib-ext`` command: ``train``, ``evaluate``, ``profile``, ``presets`` and ``doctor``.
 
 Bad input never reaches Ray: it ends as one ``rllib-ext: error: ...`` line on stderr that names
 the value, the allowed values and the fix, with exit status 2.
@@ -45,14 +45,16 @@ def _version() -> str:
 def _build_parser() -> _Parser:
     parser = _Parser(prog="rllib-ext", description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"rllib-ext {_version()}")
-    commands = parser.add_subparsers(dest="command", metavar="{train,evaluate,profile,doctor}")
+    commands = parser.add_subparsers(
+        dest="command", metavar="{train,evaluate,profile,presets,doctor}"
+    )
 
     train = commands.add_parser(
         "train",
         help="train PPO (default: CartPole-v1 until the mean return reaches 450)",
         description="Train PPO with rllib_ext.PPOConfig. Precedence, highest first: flags, "
-        "--set, --training, --config YAML keys, the settings saved with a --resume checkpoint, "
-        "defaults. rllib_ext keys (amp, gae, ...) follow the same order wherever they are given, "
+        "--set, --training, --config YAML keys, --preset, the settings saved with a --resume "
+        "checkpoint, defaults (CartPole's; SMAC envs without --preset get the 'smac' preset). rllib_ext keys (amp, gae, ...) follow the same order wherever they are given, "
         "also inside --training or a YAML 'training:' mapping.",
         allow_abbrev=False,
     )
@@ -110,6 +112,14 @@ def _build_parser() -> _Parser:
     evaluate.add_argument("--seed", default=None, metavar="N", help="env seed")
     evaluate.set_defaults(handler=_cmd_evaluate)
 
+    presets = commands.add_parser(
+        "presets",
+        help="list the per-env presets of 'train --preset'",
+        description="The per-env presets shipped with rllib_ext (rllib_ext/presets/*.yaml): "
+        "name and what it is for.",
+    )
+    presets.set_defaults(handler=_cmd_presets)
+
     doctor = commands.add_parser(
         "doctor", help="versions, CUDA/NCCL/bf16 support and optional backends"
     )
@@ -134,6 +144,13 @@ def _add_run_options(
         help="YAML file with the flags' keys (e.g. 'num_env_runners: 1', 'training: {lr: 1e-4}'); "
         "command-line flags win",
     )
+    groups["run"].add_argument(
+        "--preset",
+        metavar="NAME",
+        help="per-env settings shipped with rllib_ext, below --config/--training/--set/flags: "
+        f"{', '.join(_preset_names())} ('rllib-ext presets' describes them) (default: none; "
+        "'smac' for SMAC envs)",
+    )
     for option in ALL_OPTIONS:
         if option.train_only and command != "train":
             continue
@@ -157,6 +174,12 @@ def _add_run_options(
     return groups
 
 
+def _preset_names() -> list[str]:
+    from rllib_ext.cli.presets import preset_names
+
+    return preset_names()
+
+
 def _option_values(args: argparse.Namespace) -> dict[str, str]:
     return {o.key: getattr(args, o.key) for o in ALL_OPTIONS if hasattr(args, o.key)}
 
@@ -166,7 +189,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from rllib_ext.cli.train import summary_table, train
 
     settings = resolve_settings(
-        _option_values(args), config_file=args.config, set_values=args.set_values
+        _option_values(args),
+        config_file=args.config,
+        set_values=args.set_values,
+        preset=args.preset,
     )
     result = train(settings, progress=args.progress)
     print(summary_table(result))
@@ -179,7 +205,10 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     from rllib_ext.cli.runconfig import EXTENSION_OPTIONS, resolve_settings
 
     settings = resolve_settings(
-        _option_values(args), config_file=args.config, set_values=args.set_values
+        _option_values(args),
+        config_file=args.config,
+        set_values=args.set_values,
+        preset=args.preset,
     )
     if args.stock:
         # Flags, --set, --training or YAML: any rllib_ext key off its default would be ignored.
@@ -246,6 +275,13 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_presets(args: argparse.Namespace) -> int:
+    from rllib_ext.cli.presets import render_presets
+
+    print(render_presets())
+    return EXIT_OK
+
+
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from rllib_ext.cli.doctor import collect, render
 
@@ -284,7 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "handler", None) is None:
         parser.print_help(sys.stderr)
         return _error(
-            "choose a command: train, evaluate, profile or doctor. Fix: e.g. 'rllib-ext train'."
+            "choose a command: train, evaluate, profile, presets or doctor. Fix: e.g. 'rllib-ext train'."
         )
     _configure_logging()
     try:

@@ -87,6 +87,13 @@ def _float_value(*, positive: bool = False, minimum: float | None = None) -> Cal
     return convert
 
 
+def _fraction(value: Any) -> float:
+    number = _float_value()(value)
+    if not 0.0 <= number <= 1.0:
+        raise ValueError("must be a fraction between 0 and 1")
+    return number
+
+
 def _text(value: Any) -> str:
     if not isinstance(value, str) or not value:
         raise ValueError("must be a non-empty string")
@@ -245,6 +252,18 @@ CORE_OPTIONS: tuple[Option, ...] = (
         example="450",
         metavar="R",
         train_only=True,
+        default_text="450, CartPole's; none for SMAC envs",
+    ),
+    Option(
+        "stop_win_rate",
+        convert=_optional(_fraction),
+        default=None,
+        help="SMAC envs: stop once env_runners/win_rate (battles won by the training policy "
+        "over RLlib's smoothing window of episodes) reaches this fraction",
+        example="0.9",
+        metavar="W",
+        train_only=True,
+        default_text="no limit",
     ),
     Option(
         "stop_timesteps",
@@ -308,10 +327,21 @@ CORE_OPTIONS: tuple[Option, ...] = (
         default={},
         help="PPOConfig.training() arguments as a JSON object, e.g. '{\"lr\": 1e-4}', over the "
         "CartPole-tuned defaults (lr 3e-4, train_batch_size 2000, minibatch_size 250, num_epochs "
-        "10); rllib_ext keys are allowed here too",
+        "10) or a preset's; rllib_ext keys are allowed here too",
         example="'{\"lr\": 0.0003}'",
         metavar="JSON",
         group="ppo",
+    ),
+    Option(
+        "model_config",
+        convert=_json_object,
+        default={},
+        help="RLModule model_config as a JSON object (merged over a preset's), e.g. "
+        '\'{"fcnet_hiddens": [256, 256]}\'; SMAC envs also take "central_critic": true',
+        example="'{\"fcnet_hiddens\": [256, 256]}'",
+        metavar="JSON",
+        group="ppo",
+        default_text="RLlib's; the SMAC preset's for SMAC envs",
     ),
     Option(
         "checkpoint_dir",

@@ -22,6 +22,8 @@ class IterationStats:
     episode_return_mean: float
     steps_per_s: float
     elapsed_s: float
+    win_rate: float | None = None
+    """SMAC envs: ``env_runners/win_rate``."""
 
 
 def estimate_eta(
@@ -120,8 +122,9 @@ class ProgressReporter:
         previous = self.history[-1].env_steps if self.history else None
         self.history.append(stats)
         eta = estimate_eta(self.history, **self._criteria)
+        win = f"win rate {stats.win_rate:.2f} | " if stats.win_rate is not None else ""
         text = (
-            f"it {stats.iteration} | return {stats.episode_return_mean:.1f} | "
+            f"it {stats.iteration} | return {stats.episode_return_mean:.1f} | {win}"
             f"{stats.steps_per_s:,.0f} steps/s | ETA {_format_seconds(eta)}"
         )
         if self._bar is None:
@@ -129,6 +132,9 @@ class ProgressReporter:
             return
         self._bar.set_postfix_str(text, refresh=False)
         delta = stats.env_steps - (previous if previous is not None else self._bar.n)
+        if self._bar.total is not None and self._bar.n + delta > self._bar.total:
+            # The last iteration overshoots --stop-timesteps: tqdm would show "0% N/?".
+            self._bar.total = self._bar.n + delta
         self._bar.update(max(0, delta))
 
     def close(self) -> None:

@@ -5,9 +5,13 @@ Precedence, lowest first:
 
 1. defaults (the option table, :data:`DEFAULT_TRAINING`);
 2. the settings saved with the ``--resume`` checkpoint;
-3. ``--config FILE.yaml``: its ``training:`` mapping, then its top-level keys;
-4. ``--training JSON``, then ``--set key=value`` (repeatable, later wins);
-5. flags given on the command line (``--amp bf16``).
+3. ``--preset NAME`` (:mod:`rllib_ext.cli.presets`; SMAC envs without one get the SMAC
+   preset between 1. and 2.);
+4. ``--config FILE.yaml``: its ``training:`` mapping, then its top-level keys;
+5. ``--training JSON``, then ``--set key=value`` (repeatable, later wins);
+6. flags given on the command line (``--amp bf16``).
+
+``training`` and ``model_config`` merge key by key across the layers.
 
 rllib_ext keys (``amp``, ``gae``...) may appear in every layer, also inside ``training``; they
 are converted and checked like their flags and follow the same order, so an explicit flag beats
@@ -68,6 +72,7 @@ class TrainSettings:
     env: str = "CartPole-v1"
     env_config: dict[str, Any] = field(default_factory=dict)
     stop_reward: float | None = 450.0
+    stop_win_rate: float | None = None
     stop_timesteps: int | None = None
     time_budget: float | None = None
     num_env_runners: int = 0
@@ -75,6 +80,9 @@ class TrainSettings:
     num_learners: int = 0
     num_gpus_per_learner: float = 0.0
     training: dict[str, Any] = field(default_factory=dict)
+    model_config: dict[str, Any] = field(default_factory=dict)
+    preset: str | None = None
+    """The ``--preset`` applied, or the one SMAC envs get without it (:mod:`~rllib_ext.cli.presets`)."""
     checkpoint_dir: str | None = None
     checkpoint_freq: int = 10
     resume: str | None = None
@@ -149,12 +157,23 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
             f"--config {str(path)!r} must hold a mapping (key: value lines), got "
             f"{type(data).__name__}. Fix: write e.g. 'num_env_runners: 1'."
         )
+    return convert_values(data, source=f"--config {str(path)!r}", where=path.name)
+
+
+def convert_values(
+    data: Mapping[str, Any], *, source: str, where: str | None = None
+) -> dict[str, Any]:
+    """A YAML mapping (``--config`` file or preset) -> converted option values.
+
+    Raises:
+        CLIError: unknown key or bad value, naming ``source``.
+    """
     values: dict[str, Any] = {}
     for raw_key, value in data.items():
         key = str(raw_key).replace("-", "_")
         if key not in _BY_KEY:
-            raise _unknown_key(str(raw_key), f"--config {str(path)!r}")
-        values[key] = _convert(_BY_KEY[key], value, f"{key}: in {path.name}:")
+            raise _unknown_key(str(raw_key), source)
+        values[key] = _convert(_BY_KEY[key], value, f"{key}: in {where or source}:")
     return values
 
 
@@ -268,14 +287,17 @@ def resolve_settings(
     *,
     config_file: str | None = None,
     set_values: Iterable[str] = (),
+    preset: str | None = None,
 ) -> TrainSettings:
-    """Merges defaults, the resumed checkpoint's settings, ``--config`` YAML, ``--training``,
-    ``--set`` and flags (that order, see the module docstring).
+    """Merges defaults, the resumed checkpoint's settings, the preset, ``--config`` YAML,
+    ``--training``, ``--set`` and flags (that order, see the module docstring).
 
     Args:
         cli_values: only the flags given on the command line, as raw strings, by option key.
         config_file: the ``--config`` path, if any.
         set_values: the ``--set KEY=VALUE`` pairs, in command-line order.
+        preset: the ``--preset`` name, if any; without it a SMAC env gets the SMAC preset
+            just above the defaults (:mod:`rllib_ext.cli.presets`).
 
     Raises:
         CLIError: for any bad key or value, with the fix.
@@ -289,20 +311,42 @@ def resolve_settings(
         inherited = _checkpoint_values(checkpoint)
         inherited["resume"] = str(checkpoint)
     cli_training = flags.pop("training", {})
-    layers = [
-        _layer(inherited, "the resumed checkpoint's settings"),
+    from rllib_ext.cli.presets import auto_preset, load_preset
+
+    preset_layer = _layer(load_preset(preset).values, f"preset {preset!r}") if preset else None
+    user = [
         _layer(from_yaml, f"--config {config_file!r}"),
         _training_layer(cli_training, "--training"),
         _training_layer(parse_set(set_values), "--set"),
         _layer(flags, "the command line"),
     ]
+    layers = [_layer(inherited, "the resumed checkpoint's settings"), *user]
+    if preset_layer is not None:
+        layers.insert(1, preset_layer)
+    else:
+        env = next((lay.core["env"] for lay in reversed(layers) if "env" in lay.core), None)
+        preset = auto_preset(env or _BY_KEY["env"].default)
+        if preset is not None:
+            preset_layer = _layer(load_preset(preset).values, f"preset {preset!r}")
+            layers.insert(0, preset_layer)
     merged: dict[str, Any] = {}
     extensions: dict[str, Any] = {}
     training: dict[str, Any] = {}
+    model_config: dict[str, Any] = {}
     for layer in layers:
+        model_config.update(layer.core.pop("model_config", {}))
         merged.update(layer.core)
         extensions.update(layer.extensions)
         training.update(layer.training)
+    if preset_layer is not None and "env_config" in preset_layer.core:
+        # The user's env_config updates the preset's key by key while the env is the preset's.
+        if merged.get("env") == preset_layer.core.get("env", merged.get("env")):
+            above = [lay.core["env_config"] for lay in user if "env_config" in lay.core]
+            merged["env_config"] = {
+                **preset_layer.core["env_config"],
+                **(above[-1] if above else {}),
+            }
     if resume:
         merged["resume"] = inherited["resume"]
-    return TrainSettings.from_values({**merged, **extensions, "training": training})
+    values = {**merged, **extensions, "training": training, "model_config": model_config}
+    return dataclasses.replace(TrainSettings.from_values(values), preset=preset)

@@ -69,6 +69,7 @@ def test_flags_are_parsed_and_converted() -> None:
     # Only flags that were given reach the settings (so YAML keys are not overwritten).
     assert "num_learners" not in values and "config" in values
     values.pop("config")
+    values.pop("preset")
     values.pop("progress")
     settings = resolve_settings(values)
     assert settings.env_config == {"max_episode_steps": 100}
