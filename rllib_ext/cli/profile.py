@@ -94,34 +94,23 @@ def profile(
     algo = None
     try:
         algo = config.build_algo()
-        total = warmup + iterations + (1 if trace else 0)
-        for i in range(total):
+        for i in range(warmup + iterations + (1 if trace else 0)):
             result = algo.train()
             phase = "warm-up" if i < warmup else ("timed" if i < warmup + iterations else "trace")
-            logger.info(
-                "iteration %d (%s): %.2f s, return %.1f",
-                result["training_iteration"],
-                phase,
-                result.get("time_this_iter_s", 0.0),
-                result.get("env_runners", {}).get("episode_return_mean", float("nan")),
-            )
+            logger.info("iteration %d (%s): %.2f s", i + 1, phase, result["time_this_iter_s"])
     finally:
         if algo is not None:
             algo.stop()
         if owns_ray:
             ray.shutdown()
-    breakdown = json.loads((out / "breakdown.json").read_text())
     files = {"breakdown": out / "breakdown.json", "table": out / "breakdown.txt"}
-    top_ops: list[dict[str, Any]] = []
     if trace:
-        files["trace"] = out / "trace" / TRACE_FILE
-        files["top_ops"] = out / "top_ops.txt"
-        top_ops = json.loads((out / "top_ops.json").read_text())
+        files |= {"trace": out / "trace" / TRACE_FILE, "top_ops": out / "top_ops.txt"}
     return ProfileResult(
         out_dir=out,
-        breakdown=breakdown,
-        table=(out / "breakdown.txt").read_text(),
-        top_ops=top_ops,
+        breakdown=json.loads(files["breakdown"].read_text()),
+        table=files["table"].read_text(),
+        top_ops=json.loads((out / "top_ops.json").read_text()) if trace else [],
         files=files,
     )
 
@@ -139,10 +128,9 @@ def render(result: ProfileResult, *, top: int = 15) -> str:
     if result.top_ops:
         lines += ["", f"top {top} operators of the traced learner update (self CPU time):"]
         lines.append(f"{'operator':<44} {'calls':>7} {'self ms':>9} {'total ms':>9}")
-        for op in result.top_ops[:top]:
-            lines.append(
-                f"{op['name'][:44]:<44} {op['calls']:>7} {op['self_cpu_ms']:>9.2f} "
-                f"{op['cpu_ms']:>9.2f}"
-            )
+        lines += [
+            f"{op['name'][:44]:<44} {op['calls']:>7} {op['self_cpu_ms']:>9.2f} {op['cpu_ms']:>9.2f}"
+            for op in result.top_ops[:top]
+        ]
     lines += ["", *(f"{name}: {path}" for name, path in result.files.items())]
     return "\n".join(lines)

@@ -1,12 +1,11 @@
 """Where one training iteration's wall time went, computed from its RLlib result dict.
 
-Sources (``source`` in ``breakdown.json``): RLlib's ``time_this_iter_s`` for the wall time;
-``env_runners/profile/<phase>_s`` (:mod:`rllib_ext.profiling.env_runner`, mean over the
-EnvRunners); ``learners/__all_modules__/profile/<phase>_s`` (:mod:`rllib_ext.profiling.learner`,
-mean over the Learners); ``learners/<module>/gae/time_ms`` (``VectorizedGAE``) and
-``learners/<module>/comm/time_ms`` (rllib_ext's compression hooks). Leaf phases sum to the wall
-time; a measured phase is never negative; ``unaccounted_s`` is wall minus sampling and learner
-(the ``other`` phase; clearly negative would mean double counting).
+Inputs: ``time_this_iter_s``; ``env_runners/profile/<phase>_s`` (summed over EnvRunners, see
+:mod:`~rllib_ext.profiling.env_runner`); ``learners/__all_modules__/profile/<phase>_s`` (summed
+over Learners, :mod:`~rllib_ext.profiling.learner`); ``learners/<module>/gae/time_ms`` and
+``comm/time_ms``, which ``VectorizedGAE`` and the compression hooks log. Leaf phases sum to the
+wall time and are never negative; ``unaccounted_s`` (wall minus sampling and learner) would be
+clearly negative only if something were counted twice.
 """
 
 from __future__ import annotations
@@ -30,24 +29,21 @@ SOURCES: dict[str, str] = {
     "learner/forward": "_uncompiled_update start to compute_losses: forward_train",
     "learner/loss": "compute_losses",
     "learner/backward": "compute_gradients minus grad_comm",
-    "learner/grad_comm": "rllib_ext compression hooks (comm/time_ms: hook start to collective "
-    "done, summed over buckets, at most backward); DDP's own all-reduce stays in backward",
+    "learner/grad_comm": "rllib_ext compression hooks: time with a bucket's hook in flight (their "
+    "observer; else comm/time_ms), at most backward; DDP's own all-reduce stays in backward",
     "learner/optimizer": "postprocess_gradients + apply_gradients",
     "learner/other": "Learner.update minus the above: minibatch slicing, metrics, KL update",
     "other": "time_this_iter_s minus sampling and learner: Ray transfers, weight sync, "
     "metrics reduction, callbacks",
 }
-"""What each leaf phase measures."""
+"""What each leaf phase measures; the keys are the phases in table order."""
 
 PHASES: tuple[str, ...] = tuple(SOURCES)
-"""Leaf phases, in table order; their seconds sum to the iteration's wall time."""
-
-GROUPS: tuple[str, ...] = ("sampling", "learner", "other")
 
 
 @dataclass
 class Breakdown:
-    """Seconds per leaf phase over one or more iterations (see :data:`PHASES`)."""
+    """Seconds per leaf phase (see :data:`PHASES`) over one or more iterations."""
 
     iterations: list[int]
     wall_s: float
@@ -57,43 +53,43 @@ class Breakdown:
 
     @property
     def shares(self) -> dict[str, float]:
-        return {k: (v / self.wall_s if self.wall_s > 0 else 0.0) for k, v in self.seconds.items()}
+        return {k: v / self.wall_s if self.wall_s > 0 else 0.0 for k, v in self.seconds.items()}
 
-    def group_seconds(self, prefix: str) -> float:
-        return sum(v for k, v in self.seconds.items() if k == prefix or k.startswith(prefix + "/"))
+    def group_seconds(self, group: str) -> float:
+        return sum(v for k, v in self.seconds.items() if k.partition("/")[0] == group)
 
     def to_dict(self) -> dict[str, Any]:
-        shares, wall = self.shares, self.wall_s
+        phases = {
+            name: {"seconds": self.seconds[name], "share": share, "source": SOURCES[name]}
+            for name, share in self.shares.items()
+        }
+        n = max(1, len(self.iterations))
         return {
-            "iterations": list(self.iterations),
-            "wall_s": wall,
-            "wall_s_per_iteration": wall / max(1, len(self.iterations)),
+            "iterations": self.iterations,
+            "wall_s": self.wall_s,
+            "wall_s_per_iteration": self.wall_s / n,
             "unaccounted_s": self.unaccounted_s,
-            "phases": {
-                name: {"seconds": self.seconds[name], "share": shares[name], "source": src}
-                for name, src in SOURCES.items()
-            },
-            "groups": {
-                g: {"seconds": self.group_seconds(g), "share": self.group_seconds(g) / wall}
-                for g in GROUPS
-                if wall > 0
-            },
+            "phases": phases,
             "details": self.details,
         }
 
     def table(self) -> str:
         """A plain-text table: phase, seconds per iteration, share."""
-        n, shares, wall = max(1, len(self.iterations)), self.shares, self.wall_s or 1.0
+        n, wall = max(1, len(self.iterations)), self.wall_s or 1.0
         lines = [f"{'phase':<22} {'s/iter':>9} {'share':>7}", f"{'-' * 22} {'-' * 9} {'-' * 7}"]
+        row = "{:<22} {:>9.4f} {:>7.1%}".format
         group = None
         for name in PHASES:
             head, _, leaf = name.partition("/")
             if leaf and head != group:
                 group, total = head, self.group_seconds(head)
-                lines.append(f"{head:<22} {total / n:>9.4f} {total / wall:>7.1%}")
-            label = f"  {leaf}" if leaf else name
-            lines.append(f"{label:<22} {self.seconds[name] / n:>9.4f} {shares[name]:>7.1%}")
-        lines.append(f"{'wall (iteration)':<22} {self.wall_s / n:>9.4f} {1:>7.1%}")
+                lines.append(row(head, total / n, total / wall))
+            lines.append(
+                row(
+                    f"  {leaf}" if leaf else name, self.seconds[name] / n, self.seconds[name] / wall
+                )
+            )
+        lines.append(row("wall (iteration)", self.wall_s / n, 1.0))
         return "\n".join(lines)
 
 
@@ -101,7 +97,7 @@ def _num(mapping: Any, *path: str) -> float:
     for key in path:
         mapping = mapping.get(key) if isinstance(mapping, Mapping) else None
     try:
-        return float(mapping) if mapping is not None else 0.0
+        return float(mapping or 0.0)
     except (TypeError, ValueError):
         return 0.0
 
@@ -112,8 +108,7 @@ def _fit(parts: dict[str, float], total: float, rest: str) -> dict[str, float]:
     measured = sum(parts.values())
     if measured > total > 0:
         parts = {k: v * total / measured for k, v in parts.items()}
-        measured = total
-    return {**parts, rest: max(0.0, total - measured)}
+    return {**parts, rest: max(0.0, total - sum(parts.values()))}
 
 
 def breakdown_of_result(
@@ -122,16 +117,14 @@ def breakdown_of_result(
     """The breakdown of the iteration whose RLlib result is ``result``.
 
     Args:
-        num_env_runners: EnvRunners that sampled (``config.num_env_runners``, 1 for the local
-            one); their summed seconds are divided by it.
-        num_learners: Learners that updated (``config.num_learners``, 1 for the local one).
+        num_env_runners / num_learners: as configured (0: the local one); the summed seconds
+            are divided by them, so each phase is the mean over EnvRunners / Learners.
     """
-    wall = float(result.get("time_this_iter_s") or 0.0)
+    wall = _num(result, "time_this_iter_s")
     runners, learners = max(1, num_env_runners), max(1, num_learners)
     env = result.get("env_runners", {}).get(PROFILE_KEY, {})
-    learner_results = result.get("learners", {})
-    lrn = learner_results.get("__all_modules__", {}).get(PROFILE_KEY, {})
-    modules = {m: r for m, r in learner_results.items() if m != "__all_modules__"}
+    modules = dict(result.get("learners", {}))
+    lrn = modules.pop("__all_modules__", {}).get(PROFILE_KEY, {})
 
     def env_s(phase: str) -> float:
         return _num(env, f"{phase}_s") / runners
@@ -147,8 +140,12 @@ def breakdown_of_result(
     # VectorizedGAE logs the same elapsed time under every module (window=1: last value).
     gae = max((_num(r, "gae/time_ms") / 1e3 for r in modules.values()), default=0.0)
     backward = learner_s("backward")
-    comm = sum(_num(r, "comm/time_ms") for r in modules.values()) / 1e3 / learners
-    comm = min(comm, backward)
+    # Fallback (no observer records): the hooks' comm/time_ms, summed over possibly overlapping buckets.
+    comm = (
+        learner_s("grad_comm")
+        or sum(_num(r, "comm/time_ms") for r in modules.values()) / 1e3 / learners
+    )
+    comm = min(backward, comm)
     learner = _fit(
         {
             "learner/connector": learner_s("connector") - gae,
@@ -162,27 +159,20 @@ def breakdown_of_result(
         learner_s("update"),
         "learner/other",
     )
-    seconds = {**sampling, **learner}
-    measured = sum(seconds.values())
-    if measured > wall > 0:  # not expected: sampling and the update run one after the other
-        seconds = {k: v * wall / measured for k, v in seconds.items()}
-    seconds["other"] = max(0.0, wall - sum(seconds.values()))
+    # Sampling and the update run one after the other, so this is not expected to exceed 1.
+    seconds = _fit({**sampling, **learner}, wall, "other")
+    comm_keys = ("comm/time_ms", "comm/codec_time_ms", "comm/bytes_sent")
     details = {
         "env_steps": _num(result, "env_runners", "num_env_steps_sampled"),
         "num_env_runners": runners,
         "num_learners": learners,
         "comm": {
-            m: {
-                k: r[k] for k in ("comm/time_ms", "comm/codec_time_ms", "comm/bytes_sent") if k in r
-            }
-            for m, r in modules.items()
-            if "comm/time_ms" in r
+            m: {k: _num(r, k) for k in comm_keys} for m, r in modules.items() if comm_keys[0] in r
         },
         # RLlib's own driver timers, for comparison (EMA-smoothed; not used for the shares).
-        "rllib_timers": {
-            k: v for k, v in (result.get("timers") or {}).items() if isinstance(v, (int, float))
-        },
+        "rllib_timers": {k: v for k, v in result.get("timers", {}).items() if isinstance(v, float)},
     }
+    measured = sum(sampling.values()) + sum(learner.values())
     iteration = int(result.get("training_iteration", 0))
     return Breakdown([iteration], wall, seconds, wall - measured, details)
 

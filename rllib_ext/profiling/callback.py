@@ -1,20 +1,11 @@
 """``enable_profiling``: the breakdown and the PyTorch trace from inside any RLlib run.
 
-Usage (rllib_ext or stock PPO config, also as a Tune ``param_space``)::
-
-    from rllib_ext.profiling import enable_profiling
-
-    enable_profiling(config, out_dir="/tmp/prof", iterations=[3, 4, 5])
-
-It selects the timing EnvRunner and Learner subclasses (:mod:`rllib_ext.profiling.env_runner`,
-:mod:`rllib_ext.profiling.learner`) and adds :class:`ProfilerCallback`. Iterations are RLlib's
-1-based ``training_iteration`` numbers. Each profiled iteration adds ``rllib_ext_profile/<phase>``
-shares (and ``rllib_ext_profile/wall_s``) to its result; after the last one, ``breakdown.json``,
-``breakdown.txt``, ``top_ops.txt``/``top_ops.json`` and ``trace/learner.pt.trace.json.gz``
-(gzipped Chrome trace: ``tensorboard --logdir OUT/trace`` with the PyTorch profiler plugin, or
-https://ui.perfetto.dev) are written to ``out_dir``. The trace covers the learner update of
-``trace_iteration`` (default: the one after the last profiled iteration, so the profiler's
-overhead does not distort the breakdown).
+``enable_profiling(config, out_dir="prof", iterations=[3, 4, 5])`` (rllib_ext or stock PPO config,
+also as a Tune ``param_space``) selects the timing EnvRunner and Learner subclasses and adds
+:class:`ProfilerCallback`. Each profiled iteration's result gets ``rllib_ext_profile/<phase>``
+shares; after the last one, ``breakdown.json``/``.txt``, ``top_ops.txt``/``.json`` and
+``trace/learner.pt.trace.json.gz`` (Chrome trace for TensorBoard's PyTorch profiler plugin or
+https://ui.perfetto.dev) of the learner update of ``trace_iteration`` are written to ``out_dir``.
 """
 
 from __future__ import annotations
@@ -110,19 +101,12 @@ class ProfilerCallback(RLlibCallback):
         paths: dict[str, Path] = {}
         if self.parts:
             breakdown = merge_breakdowns(self.parts)
+            keys = ("env", "env_config", "num_env_runners", "num_envs_per_env_runner")
+            keys += ("num_learners", "train_batch_size_per_learner", "minibatch_size", "num_epochs")
             breakdown.details["config"] = {
-                "algo_class": config.algo_class.__name__,
+                **{k: getattr(config, k) for k in (*keys, "learner_config_dict")},
                 "learner_class": _base_name(config.learner_class),
                 "env_runner_class": _base_name(config.env_runner_cls),
-                "env": str(config.env),
-                "env_config": dict(config.env_config or {}),
-                "num_env_runners": config.num_env_runners,
-                "num_envs_per_env_runner": config.num_envs_per_env_runner,
-                "num_learners": config.num_learners,
-                "train_batch_size_per_learner": config.train_batch_size_per_learner,
-                "minibatch_size": config.minibatch_size,
-                "num_epochs": config.num_epochs,
-                "learner_config_dict": dict(config.learner_config_dict or {}),
             }
             paths["breakdown"] = out_dir / "breakdown.json"
             paths["breakdown"].write_text(json.dumps(breakdown.to_dict(), indent=2, default=str))
@@ -177,12 +161,9 @@ def enable_profiling(
         )
     if out_dir is not None:
         out_dir = str(check_out_dir(out_dir))
-    # The EnvRunner class the run would use: set by the user or by validate() (e.g. the AMP
-    # runners), else RLlib's default for the (then known) single/multi-agent setup.
-    probe = config.copy(copy_frozen=False)
-    probe.validate()
-    runner = probe.env_runner_cls or (
-        MultiAgentEnvRunner if probe.is_multi_agent else SingleAgentEnvRunner
+    # The EnvRunner class the run would use: the config's, else RLlib's default.
+    runner = config.env_runner_cls or (
+        MultiAgentEnvRunner if config.is_multi_agent else SingleAgentEnvRunner
     )
     config.env_runners(env_runner_cls=profiling_env_runner_cls(runner))
     config.learners(learner_class=profiling_learner_cls(config.learner_class))

@@ -1,34 +1,34 @@
-"""EnvRunner timers: a subclass of the configured EnvRunner class, selected by the config.
+"""EnvRunner timers: ``Profiling<Base>``, a subclass of the EnvRunner class the config uses.
 
-:func:`profiling_env_runner_cls` derives ``Profiling<Base>`` from ``EnvRunnerTimers`` and the
-EnvRunner class the config would use (RLlib's, rllib_ext's AMP runners, or the user's own), and
-:func:`rllib_ext.profiling.enable_profiling` puts it into ``config.env_runners(env_runner_cls=...)``.
-Phases of one ``sample()`` call (seconds, summed over the calls inside it):
-
-* ``sample``: the whole ``sample()`` call;
-* ``env_step``: ``_try_env_step``, the vector env's ``step`` (RLlib's ``env_step_timer`` span);
-* ``connectors``: the env-to-module and module-to-env pipelines, from their first to their last
-  piece (:class:`PipelineMark` pieces at both ends take the timestamps);
-* ``inference``: from the end of the env-to-module pipeline (or the start of ``sample()``) to
-  the start of module-to-env: the RLModule forward, plus RLlib's numpy conversion of the
-  episodes that ended in that step (it runs in between).
-
-They are logged into the EnvRunner's ``MetricsLogger`` as ``profile/<phase>_s`` with
-``reduce="sum"``; the iteration's result then holds ``env_runners/profile/<phase>_s`` summed over
-the EnvRunners. RLlib's own timers report an EMA per call, not the time spent in an iteration.
+Phases of one ``sample()`` call (seconds summed over its steps), logged as ``profile/<phase>_s``
+(``reduce="sum"``) into the EnvRunner's ``MetricsLogger``, so the result holds
+``env_runners/profile/<phase>_s`` summed over EnvRunners (RLlib's own timers are per-call EMAs):
+``sample`` (the whole call), ``env_step`` (``_try_env_step``: the vector env's ``step``),
+``connectors`` (env-to-module and module-to-env, first to last piece: :class:`PipelineMark` pieces
+at both ends take the timestamps) and ``inference`` (end of env-to-module, or the start of
+``sample()``, to the start of module-to-env: the RLModule forward, plus RLlib's numpy conversion
+of the episodes that ended in that step, which runs in between).
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 from ray.rllib.connectors.connector_v2 import ConnectorV2
 from ray.rllib.env.env_runner import EnvRunner
 from ray.rllib.utils.annotations import override
 
-__all__ = ["PROFILE_KEY", "EnvRunnerTimers", "PipelineMark", "profiling_env_runner_cls"]
+__all__ = [
+    "PROFILE_KEY",
+    "EnvRunnerTimers",
+    "PipelineMark",
+    "profiling_env_runner_cls",
+    "sample_phase",
+]
 
 PROFILE_KEY = "profile"
 """Metrics key under which EnvRunners and Learners log their phase seconds."""
@@ -47,6 +47,14 @@ class SampleClock:
     def close(self, span: str, phase: str) -> None:
         start = self.opened.pop(span, None)
         if start is not None:
+            self.seconds[phase] += time.perf_counter() - start
+
+    @contextmanager
+    def time(self, phase: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
             self.seconds[phase] += time.perf_counter() - start
 
     def mark(self, pipeline: str, end: bool) -> None:
@@ -126,11 +134,16 @@ class EnvRunnerTimers(EnvRunner):
     def _try_env_step(self, actions: Any) -> Any:
         clock = self.sample_clock
         clock.opened.pop("inference", None)  # no forward this step (e.g. all envs resetting)
-        start = time.perf_counter()
-        try:
+        with clock.time("env_step"):
             return super()._try_env_step(actions)
-        finally:
-            clock.seconds["env_step"] += time.perf_counter() - start
+
+
+def sample_phase(env_runner: Any, phase: str) -> AbstractContextManager[Any]:
+    """``with sample_phase(self, "env_step"): ...`` in an EnvRunner's own sampling loop (one that
+    bypasses RLlib's, e.g. fused SMAX sampling): the block counts as ``phase`` when the runner is
+    profiled; otherwise nothing happens."""
+    clock = getattr(env_runner, "sample_clock", None)
+    return clock.time(phase) if isinstance(clock, SampleClock) else nullcontext()
 
 
 def profiling_env_runner_cls(base: type) -> type:

@@ -1,21 +1,14 @@
-"""Learner timers and the PyTorch profiler: a subclass of the configured Learner class.
+"""Learner timers and the PyTorch profiler: ``Profiling<Base>``, a subclass of the config's learner.
 
-:func:`profiling_learner_cls` derives ``Profiling<Base>`` from ``LearnerTimers`` and the config's
-learner class (rllib_ext's ``PPOExtTorchLearner`` or RLlib's ``PPOTorchLearner``);
-:func:`rllib_ext.profiling.enable_profiling` selects it with ``config.learners(learner_class=...)``.
-Phases of one ``Learner.update`` call (seconds, summed over its minibatches):
-
-* ``update``: ``before_gradient_based_update`` to ``after_gradient_based_update`` (the whole call);
-* ``connector``: from the start of the update to the first minibatch: the learner connector
-  pipeline (GAE included: ``VectorizedGAE`` logs its own ``gae/time_ms``), batch to tensors;
-* ``forward``: ``_uncompiled_update`` start to ``compute_losses`` (``forward_train``);
-* ``loss``: ``compute_losses``; ``backward``: ``compute_gradients`` (zero_grad, autograd and the
-  DDP gradient all-reduce it waits for); ``optimizer``: ``postprocess_gradients`` +
-  ``apply_gradients`` (clipping, the optimizer step).
-
-They are logged into the Learner's ``MetricsLogger`` as ``__all_modules__/profile/<phase>_s``
-(``reduce="sum"``). Gradient communication is not timed here: rllib_ext's compression hooks log
-``<module>/comm/time_ms`` themselves, and DDP's built-in all-reduce is left as it is.
+Phases of one ``Learner.update`` (seconds summed over its minibatches), logged as
+``__all_modules__/profile/<phase>_s`` (``reduce="sum"``) into the Learner's ``MetricsLogger``:
+``update`` (``before_gradient_based_update`` to ``after_gradient_based_update``), ``connector``
+(to the first minibatch: learner connector, GAE included, batch to tensors), ``forward``
+(``_uncompiled_update`` start to ``compute_losses``), ``loss``, ``backward``
+(``compute_gradients``: autograd and the DDP all-reduce it waits for) and ``optimizer``
+(``postprocess_gradients`` + ``apply_gradients``), plus ``grad_comm``: the time with at least one
+gradient bucket in flight, from the per-bucket records rllib_ext's compression hooks give their
+observers. DDP's built-in all-reduce is left as it is (its time stays in ``backward``).
 """
 
 from __future__ import annotations
@@ -36,7 +29,7 @@ from ray.rllib.utils.annotations import override
 
 from rllib_ext.profiling.env_runner import PROFILE_KEY
 
-__all__ = ["LearnerTimers", "profiling_learner_cls"]
+__all__ = ["LearnerTimers", "interval_union", "profiling_learner_cls"]
 
 
 class LearnerTimers(TorchLearner):
@@ -53,6 +46,14 @@ class LearnerTimers(TorchLearner):
         self.trace_armed = False
         self.profiler: torch.profiler.profile | None = None
         self.trace: dict[str, Any] | None = None
+        # rllib_ext's compression hooks report every bucket to their public observers.
+        self.comm_intervals: list[tuple[float, float]] = []
+        for state in getattr(getattr(self, "comm", None), "states", {}).values():
+            state.add_observer(self.on_bucket)
+
+    def on_bucket(self, record: Any) -> None:
+        """Observer of the comm hooks (backend thread; ``list.append`` is atomic)."""
+        self.comm_intervals.append((record.start_s, record.start_s + record.comm_s))
 
     def _add(self, phase: str, start: float) -> float:
         now = time.perf_counter()
@@ -119,6 +120,9 @@ class LearnerTimers(TorchLearner):
         if self.update_started is not None:
             self._add("update", self.update_started)
             self.update_started = None
+        if self.comm_intervals:
+            self.phase_seconds["grad_comm"] = interval_union(self.comm_intervals)
+            self.comm_intervals.clear()
         for phase, seconds in self.phase_seconds.items():
             self.metrics.log_value((ALL_MODULES, PROFILE_KEY, f"{phase}_s"), seconds, reduce="sum")
         if self.profiler is not None:
@@ -137,6 +141,16 @@ class LearnerTimers(TorchLearner):
         return trace
 
 
+def interval_union(intervals: list[tuple[float, float]]) -> float:
+    """Total length covered by possibly overlapping ``(start, end)`` intervals."""
+    total, covered_to = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > covered_to:
+            total += end - max(start, covered_to)
+            covered_to = end
+    return total
+
+
 def _start_profiler() -> torch.profiler.profile:
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
@@ -148,35 +162,25 @@ def _start_profiler() -> torch.profiler.profile:
     return profiler
 
 
-def _export(profiler: torch.profiler.profile, *, row_limit: int = 25) -> dict[str, Any]:
-    """``{"trace": gzipped Chrome-trace JSON, "top_ops": [{"name", "calls", "self_cpu_ms",
-    "cpu_ms", "self_device_ms"}...], "table": the profiler's own table}`` (top ``row_limit``
-    operators by self CPU time)."""
+def _export(profiler: torch.profiler.profile, *, rows: int = 25) -> dict[str, Any]:
+    """Gzipped Chrome trace, the top ``rows`` operators by self CPU time and the profiler's table."""
     averages = profiler.key_averages()
-    rows = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)[:row_limit]
+    top = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)[:rows]
     top_ops = [
-        {
-            "name": e.key,
-            "calls": int(e.count),
-            "self_cpu_ms": e.self_cpu_time_total / 1e3,
-            "cpu_ms": e.cpu_time_total / 1e3,
-            "self_device_ms": getattr(e, "self_device_time_total", 0.0) / 1e3,
-        }
-        for e in rows
+        {"name": e.key, "calls": int(e.count), "self_cpu_ms": e.self_cpu_time_total / 1e3}
+        | {"cpu_ms": e.cpu_time_total / 1e3, "self_device_ms": e.self_device_time_total / 1e3}
+        for e in top
     ]
-    handle, path = tempfile.mkstemp(suffix=".json", prefix="rllib_ext_trace_")
-    os.close(handle)
-    try:
+    with tempfile.TemporaryDirectory(prefix="rllib_ext_trace_") as tmp:
+        path = os.path.join(tmp, "trace.json")
         profiler.export_chrome_trace(path)
         with open(path, "rb") as f:
             trace = gzip.compress(f.read(), compresslevel=6)
-    finally:
-        os.unlink(path)
     sort_by = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
     return {
         "trace": trace,
         "top_ops": top_ops,
-        "table": averages.table(sort_by=sort_by, row_limit=row_limit),
+        "table": averages.table(sort_by=sort_by, row_limit=rows),
     }
 
 

@@ -14,7 +14,7 @@ from rllib_ext.env_runners import AMPSingleAgentEnvRunner
 from rllib_ext.profiling import PHASES, ProfilerCallback, breakdown_of_result, enable_profiling
 from rllib_ext.profiling.breakdown import merge_breakdowns
 from rllib_ext.profiling.env_runner import EnvRunnerTimers, PipelineMark, SampleClock
-from rllib_ext.profiling.learner import LearnerTimers
+from rllib_ext.profiling.learner import LearnerTimers, interval_union
 
 
 def _result(
@@ -76,7 +76,11 @@ def test_breakdown_divides_by_runners_and_learners_and_sums_to_wall() -> None:
     assert part.seconds["learner/other"] == pytest.approx(0.05)
     assert part.group_seconds("learner") == pytest.approx(0.4)
     assert part.seconds["other"] == pytest.approx(0.1) == part.unaccounted_s
-    assert part.details["comm"]["p0"] == {"comm/time_ms": 60.0, "comm/bytes_sent": 10.0}
+    assert part.details["comm"]["p0"] == {
+        "comm/time_ms": 60.0,
+        "comm/codec_time_ms": 0.0,
+        "comm/bytes_sent": 10.0,
+    }
 
 
 def test_breakdown_clamps_comm_to_backward_and_scales_overlong_parts() -> None:
@@ -95,6 +99,32 @@ def test_breakdown_clamps_comm_to_backward_and_scales_overlong_parts() -> None:
     assert part.seconds["learner/backward"] == 0.0
     assert part.group_seconds("learner") == pytest.approx(0.4)
     assert sum(part.shares.values()) == pytest.approx(1.0)
+
+
+def test_breakdown_prefers_the_observed_comm_intervals_over_the_summed_metric() -> None:
+    result = _result(
+        1.0,
+        env={"sample": 0.5},
+        learner={"update": 0.4, "backward": 0.2, "grad_comm": 0.05},
+        modules={"p0": {"comm/time_ms": 150.0}},  # overlapping buckets, summed
+    )
+    part = breakdown_of_result(result, num_env_runners=1, num_learners=1)
+    assert part.seconds["learner/grad_comm"] == pytest.approx(0.05)
+    assert part.seconds["learner/backward"] == pytest.approx(0.15)
+
+
+@pytest.mark.parametrize(
+    ("intervals", "want"),
+    [
+        ([], 0.0),
+        ([(0.0, 1.0)], 1.0),
+        ([(0.0, 1.0), (2.0, 3.5)], 2.5),
+        ([(0.0, 2.0), (1.0, 3.0)], 3.0),  # overlap counted once
+        ([(1.0, 3.0), (0.0, 4.0), (5.0, 6.0)], 5.0),  # nested, unsorted
+    ],
+)
+def test_interval_union(intervals: list[tuple[float, float]], want: float) -> None:
+    assert interval_union(intervals) == pytest.approx(want)
 
 
 def test_merge_weights_iterations_by_time_and_renders_a_table() -> None:
