@@ -59,6 +59,8 @@ class TrainResult:
     settings: TrainSettings
     win_rate: float | None = None
     """SMAC envs: ``env_runners/win_rate`` of the last iteration (``None`` otherwise)."""
+    backend: str | None = None
+    """SMAC envs: the backend that ran (``smacv2``, ``smac`` or ``smax``); ``None`` otherwise."""
 
     @property
     def interrupted(self) -> bool:
@@ -124,6 +126,8 @@ def build_algo_config(settings: TrainSettings, *, config_cls: type | None = None
             .training(**training)
             .debugging(seed=settings.seed)
         )
+        if settings.model_config:
+            config.rl_module(model_config=dict(settings.model_config))
     except (TypeError, ValueError) as exc:
         raise CLIError(f"PPO rejected the settings: {exc}") from None
     if issubclass(config_cls, PPOConfig):
@@ -167,11 +171,27 @@ def _iteration_env_steps(result: Mapping[str, Any], progress: ProgressReporter) 
     return env_steps_of(result) - previous if previous is not None else 0
 
 
+def win_rate_of(result: Mapping[str, Any]) -> float | None:
+    """``env_runners/win_rate`` (SMAC envs, :class:`rllib_ext.envs.smac.SMACMetricsCallback`)."""
+    value = result.get("env_runners", {}).get("win_rate")
+    return float(value) if value is not None else None
+
+
 def _stop_reason(
-    settings: TrainSettings, episode_return: float, env_steps: int, elapsed: float
+    settings: TrainSettings,
+    episode_return: float,
+    env_steps: int,
+    elapsed: float,
+    win_rate: float | None = None,
 ) -> str | None:
     if settings.stop_reward is not None and episode_return >= settings.stop_reward:
         return "stop_reward"
+    if (
+        settings.stop_win_rate is not None
+        and win_rate is not None
+        and win_rate >= settings.stop_win_rate
+    ):
+        return "stop_win_rate"
     if settings.stop_timesteps is not None and env_steps >= settings.stop_timesteps:
         return "stop_timesteps"
     if settings.time_budget is not None and elapsed >= settings.time_budget:
@@ -241,9 +261,10 @@ def run_training_loop(
                     episode_return_mean=episode_return,
                     steps_per_s=new_steps / iteration_s if iteration_s > 0 else 0.0,
                     elapsed_s=elapsed,
+                    win_rate=win_rate_of(result),
                 )
             )
-            stop = _stop_reason(settings, episode_return, steps, elapsed)
+            stop = _stop_reason(settings, episode_return, steps, elapsed, win_rate_of(result))
             if stop is not None:
                 reason = stop
                 break
@@ -300,6 +321,17 @@ def train(
         settings = dataclasses.replace(settings, seed=secrets.randbelow(2**31))
     check_settings(settings)
     config = build_algo_config(settings, config_cls=config_cls)
+    from rllib_ext.cli.presets import env_backend
+
+    backend = env_backend(settings.env, settings.env_config)
+    if backend is not None:
+        logger.info(
+            "env %s: backend %s, map %s%s",
+            settings.env,
+            backend,
+            settings.env_config.get("map_name", "(default)"),
+            f", preset {settings.preset}" if settings.preset else "",
+        )
     run_dir = Path(settings.run_dir) if settings.run_dir else _default_run_dir(settings.env)
     run_dir.mkdir(parents=True, exist_ok=True)
     settings = dataclasses.replace(settings, run_dir=str(run_dir))
@@ -360,7 +392,8 @@ def train(
         train_time_s=outcome.stopped_at - build_started,
         stop_reason=outcome.stop_reason,
         settings=settings,
-        win_rate=last.get("env_runners", {}).get("win_rate"),
+        win_rate=win_rate_of(last),
+        backend=backend,
     )
     _write_summary(result, config)
     return result
@@ -374,6 +407,7 @@ def _write_summary(result: TrainResult, config: Any) -> None:
     summary = {
         "episode_return_mean": result.episode_return_mean,
         "win_rate": result.win_rate,
+        "backend": result.backend,
         "env_steps": result.env_steps,
         "iterations": result.iterations,
         "wall_time_s": round(result.wall_time_s, 3),
@@ -389,6 +423,7 @@ def _write_summary(result: TrainResult, config: Any) -> None:
 
 _STOP_TEXT = {
     "stop_reward": "reached --stop-reward",
+    "stop_win_rate": "reached --stop-win-rate",
     "stop_timesteps": "reached --stop-timesteps",
     "time_budget": "used up --time-budget",
     "interrupted": "interrupted (Ctrl-C)",
@@ -402,6 +437,7 @@ def summary_table(result: TrainResult) -> str:
         [
             ("episode_return_mean", result.episode_return_mean),
             *([("win_rate", result.win_rate)] if result.win_rate is not None else []),
+            *([("backend", result.backend)] if result.backend is not None else []),
             ("env_steps", result.env_steps),
             ("iterations", result.iterations),
             ("train_time_s", result.train_time_s),

@@ -12,6 +12,7 @@ Visible in the results as ``env_runners/smax_batched_envs`` (battles per compile
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -42,6 +43,7 @@ from ray.rllib.utils.numpy import convert_to_numpy
 from rllib_ext.envs.smac.fused import EnvTrack, build_chunk, fused_sampling_applies
 from rllib_ext.envs.smac.settings import SC2_PACKAGES, SMACEnvSettings
 from rllib_ext.envs.smac.vector import SMAXBatch, SMAXVectorEnv
+from rllib_ext.profiling.env_runner import sample_phase
 
 __all__ = [
     "SMAX_BATCHED_METRIC",
@@ -207,15 +209,20 @@ class SMAXVectorEnvRunner(MultiAgentEnvRunner):
         return self._sample_fused(num_timesteps, explore=explore, force_reset=force_reset)
 
     # ------------------------------------------------------------------ fused path
-    def _new_track(self) -> EnvTrack:
-        return EnvTrack(episode_id=uuid.uuid4().hex, env_t_started=0)
-
-    def _start(self, track: EnvTrack, batch: SMAXBatch, e: int) -> None:
+    def _new_track(self, batch: SMAXBatch, e: int) -> EnvTrack:
+        """A new episode in env ``e``, starting at its reset observation in ``batch``."""
+        track = EnvTrack(
+            episode_id=uuid.uuid4().hex,
+            agent_episode_ids={agent: uuid.uuid4().hex for agent in self.env.possible_agents},
+            env_t_started=0,
+            start_time=time.perf_counter(),
+        )
         track.obs.append(batch.obs[e])
         track.avail.append(batch.avail[e])
         if self.env.settings.include_state:
             track.state.append(batch.state[e])
         track.infos.append({})
+        return track
 
     def _chunk(self, track: EnvTrack, *, terminated: bool, truncated: bool) -> MultiAgentEpisode:
         env = self.env
@@ -239,9 +246,7 @@ class SMAXVectorEnvRunner(MultiAgentEnvRunner):
             batch = env.reset_arrays(seed=self._seed if self._needs_initial_reset else None)
             self._needs_initial_reset = False
             self._ongoing_episodes_for_metrics.clear()
-            self._tracks = [self._new_track() for _ in range(n_envs)]
-            for e, track in enumerate(self._tracks):
-                self._start(track, batch, e)
+            self._tracks = [self._new_track(batch, e) for e in range(n_envs)]
         tracks = self._tracks
         self._module_id = module_id = next(iter(self.module.keys()))
         rl_module = self.module[module_id]
@@ -264,7 +269,7 @@ class SMAXVectorEnvRunner(MultiAgentEnvRunner):
             if include_state:
                 obs["state"] = torch.from_numpy(np.repeat(batch.state, n_agents, axis=0))
             module_batch = {module_id: {Columns.OBS: obs}}
-            with self.metrics.log_time(RLMODULE_INFERENCE_TIMER):
+            with self.metrics.log_time(RLMODULE_INFERENCE_TIMER), sample_phase(self, "inference"):
                 if explore:
                     # RLlib's global step estimate (for exploration schedules).
                     runners = self.config.num_env_runners or 1
@@ -283,13 +288,14 @@ class SMAXVectorEnvRunner(MultiAgentEnvRunner):
             actions_np = actions_np.reshape(n_envs, n_agents)
             logp_np = logp_np.reshape(n_envs, n_agents)
             logits_np = logits_np.reshape(n_envs, n_agents, -1)
-            new = env.step_arrays(actions_np)
+            with sample_phase(self, "env_step"):
+                new = env.step_arrays(actions_np)
             seq_no = self._weights_seq_no
+            now = time.perf_counter()
             for e in range(n_envs):
                 track = tracks[e]
                 if new.was_reset[e]:
-                    track = tracks[e] = self._new_track()
-                    self._start(track, new, e)
+                    tracks[e] = self._new_track(new, e)
                     continue
                 track.actions.append(actions_np[e])
                 track.logp.append(logp_np[e])
@@ -302,6 +308,7 @@ class SMAXVectorEnvRunner(MultiAgentEnvRunner):
                     track.state.append(new.state[e])
                 term, trunc = bool(new.terminated[e]), bool(new.truncated[e])
                 track.infos.append(env.step_info(new, e))
+                track.last_step_time = now
                 env_ts += 1
                 if term or trunc:
                     episode = self._chunk(track, terminated=term, truncated=trunc)
@@ -311,7 +318,7 @@ class SMAXVectorEnvRunner(MultiAgentEnvRunner):
                     tracks[e] = None
         ongoing: list[MultiAgentEpisode] = []
         for e, track in enumerate(tracks):
-            if track is None or not track.actions:
+            if track is None or track.steps == 0:
                 continue  # a finished or just-reset episode: nothing to return yet
             chunk = self._chunk(track, terminated=False, truncated=False)
             self._ongoing_episodes_for_metrics[chunk.id_].append(chunk)

@@ -5,9 +5,9 @@ pipelines over them and appends to each ``MultiAgentEpisode`` agent by agent (ab
 env step of 8 agents here, before the env and the forward pass). This module keeps a rollout as
 arrays instead: one forward pass over all agents of all envs (``[E * N]`` rows), the action
 distribution sampled once, the vector env stepped with an ``int [E, N]`` array, and per env
-Python lists of array views. Episodes are built once per chunk with RLlib's own
-``MultiAgentEpisode`` constructor and ``to_numpy()``, so the learner receives the same kind of
-objects (same columns: observations, actions, rewards, infos, ``action_dist_inputs``,
+Python lists of array views. Episode chunks are built from per-agent array slices through
+RLlib's ``MultiAgentEpisode.from_state`` (its ``get_state()`` layout), so the learner receives the
+same numpy'd objects (same columns: observations, actions, rewards, infos, ``action_dist_inputs``,
 ``action_logp``, ``weights_seq_no``; terminated/truncated; ids and ``env_t_started`` continuing
 across ``sample()`` calls; a one-step lookback on continued chunks like ``cut()``).
 
@@ -20,6 +20,7 @@ env steps. Otherwise the runner falls back to RLlib's loop.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,9 @@ import numpy as np
 from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.core.columns import Columns
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
+from ray.rllib.env.utils.infinite_lookback_buffer import InfiniteLookbackBuffer
+
+from rllib_ext.profiling.env_runner import PipelineMark
 
 __all__ = ["EnvTrack", "build_chunk", "fused_sampling_applies"]
 
@@ -52,7 +56,9 @@ _PER_STEP_CALLBACKS = ("on_episode_created", "on_episode_start", "on_episode_ste
 
 
 def _piece_names(pipeline: Any) -> tuple[str, ...]:
-    return tuple(type(piece).__name__ for piece in getattr(pipeline, "connectors", ()))
+    # Profiling's marks only pass the batch through (rllib_ext.profiling.env_runner).
+    pieces = getattr(pipeline, "connectors", ())
+    return tuple(type(p).__name__ for p in pieces if not isinstance(p, PipelineMark))
 
 
 def fused_sampling_applies(runner: Any, *, num_timesteps: int | None, random_actions: bool) -> str:
@@ -87,13 +93,17 @@ def fused_sampling_applies(runner: Any, *, num_timesteps: int | None, random_act
 class EnvTrack:
     """One env's episode chunk in progress: per step array views, no per-agent dicts.
 
-    ``obs``/``avail``/``state``/``infos`` have one entry more than the per-action lists (the
-    observation after the last action). ``lookback`` is the last step of the previous chunk of
-    the same episode (continued chunks only), as ``cut(len_lookback_buffer=1)`` keeps it.
+    The first ``lookback`` entries of every list are the previous chunk's last step (continued
+    chunks: one, as ``cut(len_lookback_buffer=1)`` keeps it). ``obs``/``avail``/``state``/
+    ``infos`` have one entry more than the per-step lists (the observation after the last
+    action).
     """
 
     episode_id: str
+    agent_episode_ids: dict[str, str]
     env_t_started: int
+    start_time: float
+    lookback: int = 0
     obs: list[np.ndarray] = field(default_factory=list)
     """``float32 [N, obs_dim]`` per observation."""
     avail: list[np.ndarray] = field(default_factory=list)
@@ -102,51 +112,44 @@ class EnvTrack:
     """``float32 [state_dim]`` per observation (only with ``include_state``)."""
     infos: list[dict[str, Any]] = field(default_factory=list)
     actions: list[np.ndarray] = field(default_factory=list)
-    """``int64 [N]`` per step."""
+    """``int32 [N]`` per step."""
     logp: list[np.ndarray] = field(default_factory=list)
+    """``float32 [N]`` per step."""
     logits: list[np.ndarray] = field(default_factory=list)
+    """``float32 [N, A]`` per step (``action_dist_inputs``)."""
     rewards: list[float] = field(default_factory=list)
     weights_seq_no: list[int] = field(default_factory=list)
-    lookback: dict[str, Any] | None = None
+    last_step_time: float | None = None
+
+    @property
+    def steps(self) -> int:
+        """Env steps in this chunk (lookback excluded)."""
+        return len(self.actions) - self.lookback
 
     def continuation(self) -> EnvTrack:
-        """The next chunk of this episode (needs >= 1 step): ``cut(len_lookback_buffer=1)``.
-
-        The new chunk starts at this chunk's last observation; its lookback holds the
-        observation before it and the action / reward / model outputs that led from one to the
-        other.
-        """
-        last = {
-            "obs": self.obs[-2],
-            "avail": self.avail[-2],
-            "state": self.state[-2] if self.state else None,
-            "info": self.infos[-2],
-            "action": self.actions[-1],
-            "logp": self.logp[-1],
-            "logits": self.logits[-1],
-            "reward": self.rewards[-1],
-            "weights_seq_no": self.weights_seq_no[-1],
-        }
+        """The next chunk of this episode (needs >= 1 step), like ``cut(len_lookback_buffer=1)``:
+        it starts at this chunk's last observation; the lookback is the step that led there."""
         return EnvTrack(
             episode_id=self.episode_id,
-            env_t_started=self.env_t_started + len(self.actions),
-            obs=[self.obs[-1]],
-            avail=[self.avail[-1]],
-            state=[self.state[-1]] if self.state else [],
-            infos=[self.infos[-1]],
-            lookback=last,
+            agent_episode_ids=self.agent_episode_ids,
+            env_t_started=self.env_t_started + self.steps,
+            start_time=self.last_step_time or self.start_time,
+            lookback=1,
+            obs=self.obs[-2:],
+            avail=self.avail[-2:],
+            state=self.state[-2:],
+            infos=self.infos[-2:],
+            actions=self.actions[-1:],
+            logp=self.logp[-1:],
+            logits=self.logits[-1:],
+            rewards=self.rewards[-1:],
+            weights_seq_no=self.weights_seq_no[-1:],
         )
 
 
-def _obs_dict(
-    agents: Sequence[str], obs: np.ndarray, avail: np.ndarray, state: np.ndarray | None
-) -> dict[str, dict[str, np.ndarray]]:
-    if state is None:
-        return {a: {"observations": obs[i], "action_mask": avail[i]} for i, a in enumerate(agents)}
-    return {
-        a: {"observations": obs[i], "action_mask": avail[i], "state": state}
-        for i, a in enumerate(agents)
-    }
+def _buffer(data: Any, lookback: int, *, finalized: bool = True) -> dict[str, Any]:
+    """An ``InfiniteLookbackBuffer`` state (spaces are set afterwards, see build_chunk)."""
+    return {"data": data, "lookback": lookback, "finalized": finalized, "space": None}
 
 
 def build_chunk(
@@ -162,68 +165,87 @@ def build_chunk(
 ) -> MultiAgentEpisode:
     """The numpy'd ``MultiAgentEpisode`` chunk RLlib's loop would have returned for ``track``.
 
-    The first observation of a continued chunk (and the previous step's action, reward and
-    model outputs) go into a one-step lookback buffer, as ``MultiAgentEpisode.cut()`` does.
+    Built from per-agent array slices through RLlib's public ``MultiAgentEpisode.from_state``
+    (the state layout of ``get_state()``), so the cost is per chunk and agent, not per step.
     """
-    has_state = bool(track.state)
-    observations = []
-    infos = []
-    for t in range(len(track.obs)):
-        state = track.state[t] if has_state else None
-        observations.append(_obs_dict(agents, track.obs[t], track.avail[t], state))
-        info = track.infos[t]
-        infos.append({a: dict(info) for a in agents})
-    actions, rewards, extra = [], [], []
-    steps = [
-        (
-            track.actions[t],
-            track.logp[t],
-            track.logits[t],
-            track.rewards[t],
-            track.weights_seq_no[t],
+    lookback = track.lookback
+    steps = track.steps
+    t0 = track.env_t_started
+    obs = np.stack(track.obs)  # [L + T + 1, N, obs_dim]
+    avail = np.stack(track.avail)  # [L + T + 1, N, A]
+    state = np.stack(track.state) if track.state else None  # [L + T + 1, state_dim]
+    actions = np.stack(track.actions)  # [L + T, N] int32
+    logp = np.stack(track.logp)  # [L + T, N]
+    logits = np.stack(track.logits)  # [L + T, N, A]
+    rewards = np.asarray(track.rewards, dtype=np.float64)  # [L + T]
+    seq_no = np.asarray(track.weights_seq_no, dtype=np.int64)  # [L + T]
+    agent_states = []
+    for i, agent in enumerate(agents):
+        observations = {"observations": obs[:, i], "action_mask": avail[:, i]}
+        if state is not None:
+            observations["state"] = state
+        agent_states.append(
+            (
+                agent,
+                {
+                    "id_": track.agent_episode_ids[agent],
+                    "agent_id": agent,
+                    "module_id": module_id,
+                    "multi_agent_episode_id": track.episode_id,
+                    "observations": _buffer(observations, lookback),
+                    "actions": _buffer(actions[:, i], lookback),
+                    "rewards": _buffer(rewards.copy(), lookback),
+                    "infos": _buffer(
+                        [dict(info) for info in track.infos], lookback, finalized=False
+                    ),
+                    "extra_model_outputs": {
+                        Columns.ACTION_DIST_INPUTS: _buffer(logits[:, i], lookback),
+                        Columns.ACTION_LOGP: _buffer(logp[:, i], lookback),
+                        "weights_seq_no": _buffer(seq_no.copy(), lookback),
+                    },
+                    "is_terminated": terminated,
+                    "is_truncated": truncated,
+                    "t_started": t0,
+                    "t": t0 + steps,
+                    "_observation_space": None,
+                    "_action_space": None,
+                    "_start_time": None,
+                    "_last_step_time": None,
+                },
+            )
         )
-        for t in range(len(track.actions))
-    ]
-    lookback = 0
-    if track.lookback is not None:
-        lb = track.lookback
-        steps.insert(
-            0, (lb["action"], lb["logp"], lb["logits"], lb["reward"], lb["weights_seq_no"])
+    env_t_to_agent_t: defaultdict[str, InfiniteLookbackBuffer] = defaultdict(InfiniteLookbackBuffer)
+    for agent in agents:
+        # Every agent acts at every env step: agent time == env time.
+        env_t_to_agent_t[agent] = InfiniteLookbackBuffer(
+            list(range(t0 - lookback, t0 + steps + 1)), lookback=lookback
         )
-        state = lb["state"] if has_state else None
-        observations.insert(0, _obs_dict(agents, lb["obs"], lb["avail"], state))
-        infos.insert(0, {a: dict(lb["info"]) for a in agents})
-        lookback = 1
-    for action, logp, logits, reward, seq_no in steps:
-        actions.append({a: action[i] for i, a in enumerate(agents)})
-        rewards.append(dict.fromkeys(agents, reward))
-        extra.append(
-            {
-                a: {
-                    Columns.ACTION_DIST_INPUTS: logits[i],
-                    Columns.ACTION_LOGP: logp[i],
-                    "weights_seq_no": seq_no,
-                }
-                for i, a in enumerate(agents)
-            }
-        )
-    flags_t = {**dict.fromkeys(agents, terminated), "__all__": terminated}
-    flags_u = {**dict.fromkeys(agents, truncated), "__all__": truncated}
-    episode = MultiAgentEpisode(
-        id_=track.episode_id,
-        observations=observations,
-        infos=infos,
-        actions=actions,
-        rewards=rewards,
-        extra_model_outputs=extra,
-        terminateds=flags_t,
-        truncateds=flags_u,
-        env_t_started=track.env_t_started,
-        agent_t_started=dict.fromkeys(agents, track.env_t_started),
-        len_lookback_buffer=lookback,
-        observation_space=observation_space,
-        action_space=action_space,
-        agent_module_ids=dict.fromkeys(agents, module_id),
-        agent_to_module_mapping_fn=mapping_fn,
+    episode = MultiAgentEpisode.from_state(
+        {
+            "id_": track.episode_id,
+            "agent_to_module_mapping_fn": mapping_fn,
+            "_agent_to_module_mapping": dict.fromkeys(agents, module_id),
+            "observation_space": observation_space,
+            "action_space": action_space,
+            "env_t_started": t0,
+            "env_t": t0 + steps,
+            "agent_t_started": defaultdict(int, dict.fromkeys(agents, t0)),
+            "env_t_to_agent_t": env_t_to_agent_t,
+            "_hanging_actions_end": {},
+            "_hanging_extra_model_outputs_end": defaultdict(dict),
+            "_hanging_rewards_end": defaultdict(float),
+            "_hanging_rewards_begin": defaultdict(float),
+            "is_terminated": terminated,
+            "is_truncated": truncated,
+            "agent_episodes": agent_states,
+            "_start_time": track.start_time,
+            "_last_step_time": track.last_step_time,
+            "custom_data": {},
+        }
     )
-    return episode.to_numpy()
+    # Spaces through the episodes' public setters (they also set the buffers' spaces); passing
+    # them in the state would rebuild every gym space from a dict, per agent and chunk.
+    for agent, agent_episode in episode.agent_episodes.items():
+        agent_episode.observation_space = observation_space[agent]
+        agent_episode.action_space = action_space[agent]
+    return episode
