@@ -3,6 +3,7 @@ and signals (the mechanism is :mod:`rllib_ext.learners.health`)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,16 @@ def start_learner_watchdog(algo: Any, settings: Any, checkpoint_dir: Path, signa
     from rllib_ext.cli.checkpoints import scan
     from rllib_ext.learners.health import LearnerWatchdog
 
-    return LearnerWatchdog(
+    watchdog = LearnerWatchdog(
         algo,
         timeout_s=settings.learner_timeout,
         last_checkpoint=lambda: scan(checkpoint_dir).newest,
         interrupted=lambda: signals.signum is not None,
     ).start()
+    if watchdog.num_learners:
+        logging.getLogger("rllib_ext.cli").info(
+            "learner watchdog: %d learners, --learner-timeout %g s",
+            watchdog.num_learners,
+            settings.learner_timeout,
+        )
+    return watchdog

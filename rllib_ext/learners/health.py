@@ -142,12 +142,12 @@ class LearnerWatchdog:
         self._learners.sort(key=lambda learner: learner.index)
         self._thread = threading.Thread(target=self._watch, name="rllib_ext-watchdog", daemon=True)
         self._thread.start()
-        logger.info(
-            "learner watchdog: %d learners, --learner-timeout %g s",
-            len(self._learners),
-            self._timeout_s,
-        )
         return self
+
+    @property
+    def num_learners(self) -> int:
+        """Remote learners watched (0: local learner, nothing to watch)."""
+        return len(self._learners)
 
     def stop(self) -> None:
         self._stop.set()
