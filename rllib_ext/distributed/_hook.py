@@ -52,9 +52,8 @@ class HookCall:
         self.buffer = bucket.buffer()
         self.index = bucket.index()
         self.is_last = bucket.is_last()
-        self.bytes_sent = 0
-        self.compiled = False
-        """Set by the hook when the numba kernels did its arithmetic."""
+        self.bytes_sent = 0  # summed by all_reduce / all_gather
+        self.compiled = False  # the hook sets it when the numba kernels do its arithmetic
 
     def all_reduce(self, tensor: torch.Tensor) -> dist.Work:
         """Launches a sum all-reduce of ``tensor`` in place (async); counts its bytes."""

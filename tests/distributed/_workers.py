@@ -427,6 +427,38 @@ def run_powersgd_kernels(rank: int) -> dict[str, Any]:
     }
 
 
+OLD_STATES = os.path.join(os.path.dirname(__file__), "data", "hook_states_v1.pt")
+
+
+def old_state_gradients(t: int) -> list[list[torch.Tensor]]:
+    """Step ``t``'s gradients of the two buckets the old states were saved with."""
+    grads = []
+    for index in (0, 1):
+        g = torch.Generator().manual_seed(10 * t + index)
+        grads.append([torch.randn(12, 10, generator=g), torch.randn(12, generator=g)])
+    return grads
+
+
+def run_old_checkpoint(rank: int) -> dict[str, Any]:
+    """One rank: restores hook states saved by the hooks before the codec split (commit
+    ed14c35: ``OneBitState(warmup_steps=2)``, ``PowerSGDHookState(matrix_approximation_rank=2,
+    start_iter=2)``, 4 steps of two buckets on one rank) and runs step 4."""
+    saved = torch.load(OLD_STATES, weights_only=False)
+    onebit = OneBitState(settings("onebit", onebit_warmup_steps=2))
+    onebit.set_state(saved["onebit"])
+    powersgd = PowerSGDHookState(settings("powersgd", powersgd_rank=2, powersgd_start_iter=2))
+    powersgd.set_state(saved["powersgd"])
+    out: dict[str, Any] = {"saved": saved, "onebit": [], "powersgd": []}
+    for index, grads in enumerate(old_state_gradients(4)):
+        for name, hook, state in (
+            ("onebit", onebit_hook, onebit),
+            ("powersgd", powersgd_hook, powersgd),
+        ):
+            bucket_grads = [g.clone() for g in grads]
+            out[name].append(_run(hook, state, bucket_grads, index=index, is_last=index == 1))
+    return out
+
+
 RUNS = [
     run_fp16_vs_torch,
     run_bf16_transports,
@@ -441,19 +473,22 @@ RUNS = [
 ]
 
 
-def worker(rank: int, init_file: str, out_dir: str) -> None:
-    """Spawn target: runs everything, pickles ``{name: {"value": ...} or {"error": tb}}``."""
+def worker(
+    rank: int, init_file: str, out_dir: str, world_size: int = WORLD_SIZE, runs: tuple = ()
+) -> None:
+    """Spawn target: runs ``runs`` (default :data:`RUNS`), pickles ``{name: {"value": ...} or
+    {"error": traceback}}`` to ``rank<r>.pkl``."""
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo",
         init_method=f"file://{init_file}",
         rank=rank,
-        world_size=WORLD_SIZE,
+        world_size=world_size,
         timeout=datetime.timedelta(seconds=60),
     )
     results: dict[str, Any] = {}
     try:
-        for run in RUNS:
+        for run in runs or RUNS:
             try:
                 results[run.__name__] = {"value": run(rank)}
             except Exception:

@@ -33,13 +33,12 @@ SPAWN_TIMEOUT_S = 240
 RANKS = range(_workers.WORLD_SIZE)
 
 
-@pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, Any]]:
-    tmp = tmp_path_factory.mktemp("gloo")
+def _spawn(tmp: Path, world_size: int, runs: tuple = ()) -> dict[int, dict[str, Any]]:
+    """Runs the worker on ``world_size`` gloo ranks; each rank's ``{run name: outcome}``."""
     context = mp.start_processes(
         _workers.worker,
-        args=(str(tmp / "init"), str(tmp)),
-        nprocs=_workers.WORLD_SIZE,
+        args=(str(tmp / "init"), str(tmp), world_size, runs),
+        nprocs=world_size,
         join=False,
         start_method="spawn",
     )
@@ -47,12 +46,17 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, A
     try:
         while not context.join(timeout=5):
             if time.monotonic() > deadline:
-                pytest.fail(f"two-rank runs did not finish in {SPAWN_TIMEOUT_S} s")
+                pytest.fail(f"gloo runs did not finish in {SPAWN_TIMEOUT_S} s")
     finally:
         for process in context.processes:
             if process.is_alive():
                 process.kill()
-    return {rank: pickle.loads((tmp / f"rank{rank}.pkl").read_bytes()) for rank in RANKS}
+    return {r: pickle.loads((tmp / f"rank{r}.pkl").read_bytes()) for r in range(world_size)}
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, Any]]:
+    return _spawn(tmp_path_factory.mktemp("gloo"), _workers.WORLD_SIZE)
 
 
 def _values(two_ranks: dict, name: str) -> list[Any]:
@@ -366,23 +370,15 @@ def test_powersgd_state_roundtrip_single_process():
     assert torch.equal(pending["error"], torch.ones(9))
 
 
-OLD_STATES = Path(__file__).parent / "data" / "hook_states_v1.pt"
-
-
-def test_hook_states_saved_before_the_codec_split_still_restore():
-    """States written by the hooks before the codec split (``distributed/_onebit.py`` and
-    ``_powersgd.py`` at commit ed14c35, 4 steps on one rank, two buckets) restore into today's
-    states: same format, nothing converted."""
-    saved = torch.load(OLD_STATES, weights_only=False)
-    onebit = OneBitState(settings("onebit", onebit_warmup_steps=2))
-    onebit.set_state(saved["onebit"])
-    assert onebit.step == saved["onebit"]["shared"]["step"]
-    assert sorted(onebit.preconditioners) == sorted(saved["onebit"]["shared"]["preconditioners"])
-    assert sorted(onebit._pending.entries) == sorted(saved["onebit"]["per_rank"][0]["buckets"])
-    assert onebit.get_state().keys() == saved["onebit"].keys()
-    powersgd = PowerSGDHookState(settings("powersgd", powersgd_rank=2, powersgd_start_iter=2))
-    powersgd.set_state(saved["powersgd"])
-    assert powersgd.iteration == saved["powersgd"]["shared"]["iteration"]
-    assert sorted(powersgd._pending.entries) == sorted(saved["powersgd"]["shared"]["buckets"])
-    for index, entry in powersgd._pending.entries.items():
-        assert torch.equal(entry["error"], saved["powersgd"]["per_rank"][0]["error"][index])
+def test_hook_states_saved_before_the_codec_split_restore_and_continue(tmp_path: Path):
+    """States written by the hooks before the codec split (commit ed14c35, one rank, 4 steps of
+    two buckets, see ``_workers.run_old_checkpoint``) restore unconverted, and the next step
+    equals what the old hooks computed when they continued without stopping."""
+    outcome = _spawn(tmp_path, 1, (_workers.run_old_checkpoint,))[0]["run_old_checkpoint"]
+    assert "error" not in outcome, outcome.get("error")
+    run = outcome["value"]
+    saved = run["saved"]
+    assert saved["onebit"]["format_version"] == saved["powersgd"]["format_version"] == 1
+    for name in ("onebit", "powersgd"):
+        for got, want in zip(run[name], saved[f"next_{name}"], strict=True):
+            assert torch.equal(got, want), name
