@@ -21,6 +21,8 @@ from __future__ import annotations
 import difflib
 import importlib
 import json
+import os
+import sys
 from typing import Any, Literal
 
 from rllib_ext.cli.runconfig import CLIError
@@ -42,6 +44,10 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _import_module(name: str, env: str, flag: str) -> Any:
+    # The `rllib-ext` console script's sys.path lacks the working directory that
+    # `python -m` has; a user's env package next to where they run is found either way.
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
     try:
         return importlib.import_module(name)
     except Exception as exc:  # noqa: BLE001 - any import failure is the user's module

@@ -93,9 +93,6 @@ class GuardedEnv(gym.Wrapper):
             episode there and flags it for :class:`EnvGuardCallback` to drop.
     """
 
-    restarts_in_process = 0
-    """Env copies re-created after an exception, in this process (one env runner)."""
-
     def __init__(
         self,
         make: Callable[[], gym.Env],
@@ -120,6 +117,8 @@ class GuardedEnv(gym.Wrapper):
         self._step = 0
         self._last_obs: Any = None
         self._warned_episode = -1
+        self.restarts = 0
+        """Times this env copy was re-created after an exception."""
 
     def _where(self) -> str:
         return (
@@ -133,7 +132,7 @@ class GuardedEnv(gym.Wrapper):
         except Exception:  # noqa: BLE001 - the broken copy may not close cleanly
             logger.debug("closing the failed env copy raised", exc_info=True)
         self.env = self._make()
-        GuardedEnv.restarts_in_process += 1
+        self.restarts += 1
 
     @override(gym.Wrapper)
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
@@ -240,7 +239,7 @@ class GuardedCreator:
         return GuardedEnv(
             make,
             name=self.env,
-            worker_index=int(getattr(env_config, "worker_index", 0)),
+            worker_index=int(getattr(env_config, "worker_index", 0) or 0),
             isolate_faults=self.isolate_faults,
             non_finite=self.non_finite,
         )
@@ -281,11 +280,24 @@ class EnvGuardCallback(RLlibCallback):
         samples[:] = kept
         if metrics_logger is None:
             return
-        restarts = GuardedEnv.restarts_in_process - self._restarts_reported
-        self._restarts_reported = GuardedEnv.restarts_in_process
+        total = _restarts(env_runner)
+        restarts = max(0, total - self._restarts_reported)  # RLlib's make_env() starts over
+        self._restarts_reported = total
         metrics_logger.log_value(DROPPED_EPISODES, dropped, reduce="lifetime_sum")
         metrics_logger.log_value(NON_FINITE_EPISODES, non_finite, reduce="lifetime_sum")
         metrics_logger.log_value(ENV_RESTARTS, restarts, reduce="lifetime_sum")
+
+
+def _restarts(env_runner: Any) -> int:
+    """Sum of :attr:`GuardedEnv.restarts` over the env runner's sub-envs."""
+    vector = getattr(env_runner, "env", None)
+    total = 0
+    for env in getattr(getattr(vector, "unwrapped", vector), "envs", ()):
+        try:
+            total += int(env.get_wrapper_attr("restarts"))
+        except AttributeError:
+            continue
+    return total
 
 
 def guard_env(config: Any, *, isolate_faults: bool = True, non_finite: str = "warn") -> Any:

@@ -48,22 +48,26 @@ class FlakyCartPole(_CartPole):
 
 
 class NaNRewardCartPole(_CartPole):
-    """CartPole whose reward is nan on step ``nan_at_step`` of every episode (default 5)."""
+    """CartPole whose reward is nan on step ``nan_at_step`` (default 5) of every
+    ``nan_every``-th episode (default 2: the 2nd, 4th, ...)."""
 
     def __init__(self, env_config: dict[str, Any] | None = None, **kwargs: Any) -> None:
         config = {**(env_config or {}), **kwargs}
         super().__init__()
         self._nan_at = int(config.get("nan_at_step", 5))
+        self._nan_every = int(config.get("nan_every", 2))
         self._t = 0
+        self._episode = 0
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> Any:
         self._t = 0
+        self._episode += 1
         return self.env.reset(seed=seed, options=options)
 
     def step(self, action: Any) -> Any:
         self._t += 1
         obs, reward, terminated, truncated, info = self.env.step(action)
-        if self._t == self._nan_at:
+        if self._t == self._nan_at and self._episode % self._nan_every == 0:
             reward = float("nan")
         return obs, reward, terminated, truncated, info
 
