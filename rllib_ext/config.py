@@ -21,6 +21,7 @@ from ray.rllib.algorithms.ppo import PPOConfig as _RLlibPPOConfig
 from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 from ray.rllib.utils.annotations import override
 
+from rllib_ext.compat import LegacyAlgorithmMixin, LegacyAPIMixin
 from rllib_ext.config_checks import amp_env_runner_class, check_algorithm_config, check_rates
 from rllib_ext.envs import register_envs
 from rllib_ext.settings import ExtensionSettings, extension_keys, split_extension_kwargs
@@ -74,7 +75,7 @@ def _model_overrides(model: Any) -> dict[str, Any]:
     return model
 
 
-class PPOConfig(_RLlibPPOConfig):
+class PPOConfig(LegacyAPIMixin, _RLlibPPOConfig):
     """RLlib's ``PPOConfig`` plus the rllib_ext flags (see :mod:`rllib_ext.settings`)."""
 
     def __init__(self, algo_class: type | None = None) -> None:
@@ -210,7 +211,7 @@ class PPOConfig(_RLlibPPOConfig):
                 self.env_runner_cls = wanted
 
 
-class PPO(_RLlibPPO):
+class PPO(LegacyAlgorithmMixin, _RLlibPPO):
     """RLlib's PPO whose default config is :class:`rllib_ext.PPOConfig`.
 
     Use it as the Tune trainable (``tune.Tuner(rllib_ext.PPO, param_space=config)``) so the
