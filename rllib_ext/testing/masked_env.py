@@ -13,7 +13,7 @@ illegal action ever reaches the game, independently of the wrapper's own check.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -31,7 +31,7 @@ class MaskedEnvReport:
     illegal_action_rejected: bool = False
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     raise AssertionError(message)
 
 

@@ -2,6 +2,7 @@
 
 A backend (StarCraft II through smac/smacv2, or JaxMARL's SMAX) turns the game's own API into
 numpy arrays of a fixed shape. The RLlib env and the PettingZoo view only build dicts from them.
+This module holds the types only; :mod:`rllib_ext.envs.smac.factory` picks and builds a backend.
 
 Contract of :class:`Step` (``T`` = team, ``N`` = n_agents, ``A`` = n_actions):
 
@@ -16,18 +17,13 @@ Contract of :class:`Step` (``T`` = team, ``N`` = n_agents, ``A`` = n_actions):
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
-from rllib_ext.envs.smac.settings import SC2_PACKAGES, SMACEnvSettings
-
-__all__ = ["Backend", "BackendSpec", "Step", "check_actions", "make_backend"]
-
-logger = logging.getLogger(__name__)
+__all__ = ["Backend", "BackendSpec", "Step", "check_actions"]
 
 
 @dataclass(frozen=True)
@@ -104,54 +100,3 @@ def check_actions(actions: Sequence[int], avail: np.ndarray, agent_ids: Sequence
                 f"actions now: {allowed}. Fix: sample only actions whose "
                 'obs["action_mask"] entry is 1 (rllib_ext.modules.MaskedPPOTorchRLModule does).'
             )
-
-
-def _sc2_available(package: str, map_name: str) -> tuple[bool, str]:
-    from rllib_ext.envs.smac import sc2
-
-    return sc2.availability(package, map_name)
-
-
-def make_backend(settings: SMACEnvSettings, seed: int | None) -> Backend:
-    """Builds the backend ``settings.backend`` names; resolves ``"auto"`` and logs the choice.
-
-    Raises:
-        ImportError: the chosen backend's package or game is missing (with install steps).
-        ValueError: the map does not exist on that backend (lists the maps it has).
-    """
-    name = settings.backend
-    if name == "auto":
-        reasons = []
-        order = (settings.prefer_sc2, *(p for p in SC2_PACKAGES if p != settings.prefer_sc2))
-        if settings.capability_config is not None:
-            order = ("smacv2",)  # capability_config exists in SMACv2 only
-        if settings.game_factory is not None:
-            name = settings.prefer_sc2
-            reasons.append("game_factory is set")
-        else:
-            for package in order:
-                ok, why = _sc2_available(package, settings.map_name)
-                if ok:
-                    name = package
-                    break
-                reasons.append(f"{package}: {why}")
-            else:
-                name = "smax"
-                if settings.capability_config is not None:
-                    logger.warning(
-                        "capability_config is ignored on SMAX (a SMACv2 feature); use "
-                        "smax_options or a 'smacv2_*_units' map for procedural scenarios."
-                    )
-        logger.info(
-            "SMAC backend='auto' for map %r -> %r (%s)",
-            settings.map_name,
-            name,
-            "; ".join(reasons) or "StarCraft II found",
-        )
-    if name == "smax":
-        from rllib_ext.envs.smac.smax import SMAXBackend
-
-        return SMAXBackend(settings, seed)
-    from rllib_ext.envs.smac.sc2 import SC2Backend
-
-    return SC2Backend(settings, seed, package=name)

@@ -35,7 +35,8 @@ import numpy as np
 from ray.rllib.env.multi_agent_env import MultiAgentEnv
 from ray.rllib.utils.annotations import override
 
-from rllib_ext.envs.smac.backend import Backend, Step, check_actions, make_backend
+from rllib_ext.envs.smac.backend import Backend, Step, check_actions
+from rllib_ext.envs.smac.factory import make_backend
 from rllib_ext.envs.smac.settings import SMACEnvSettings
 
 __all__ = ["MaskedDiscrete", "SMACEnv"]
