@@ -122,7 +122,7 @@ def run(
                 "local_dir is Tune's old name of storage_path. Fix: pass only storage_path."
             )
         storage_path = os.path.abspath(local_dir)
-        logger.info(
+        logger.warning(
             "local_dir=%r -> storage_path=%r (Tune's name since 2.7).", local_dir, storage_path
         )
     if _is_rllib_trainable(trainable):
@@ -157,7 +157,7 @@ def _explain_resources_per_trial(trainable: type, config: Any, asked: Any) -> No
         )
         reserved = resource_request(built).as_tune_resources()
     same = isinstance(asked, Mapping) and reserved is not None and dict(asked) == reserved
-    logger.info(
+    logger.warning(
         "resources_per_trial=%r is not passed to Tune: %s reserves its own placement group "
         "from the config (main process + env runners + learners%s)%s.",
         asked,

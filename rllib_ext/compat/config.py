@@ -59,7 +59,7 @@ def _log_mapping(old: str, new: str) -> None:
     from ray.util import log_once
 
     if log_once(f"rllib_ext_compat_{old}"):
-        logger.info("2023 API: %s -> %s", old, new)
+        logger.warning("2023 API: %s -> %s", old, new)
 
 
 def _keyword_names(method: Callable[..., Any]) -> frozenset[str]:
