@@ -196,7 +196,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     )
     result = train(settings, progress=args.progress)
     print(summary_table(result))
-    return EXIT_INTERRUPTED if result.interrupted else EXIT_OK
+    return result.exit_code  # 0, or 130 (SIGINT) / 143 (SIGTERM)
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:

@@ -178,38 +178,17 @@ def convert_values(
 
 
 def resolve_checkpoint(path: str | Path, *, flag: str) -> Path:
-    """Finds the RLlib algorithm checkpoint that ``path`` names.
+    """Finds the RLlib algorithm checkpoint that ``path`` names (absolute path).
 
-    Accepts a checkpoint directory, a run directory (its ``summary.json`` checkpoint, else the
-    newest one under ``checkpoints/``) or a checkpoint directory's parent.
+    Accepts a checkpoint directory or a run directory (its newest *complete* checkpoint, see
+    :func:`rllib_ext.cli.checkpoints.find_checkpoint`).
 
     Raises:
         CLIError: nothing usable at ``path``.
     """
-    original = Path(path).expanduser()
-    fix = (
-        f"Fix: pass a checkpoint written by 'rllib-ext train' (RUN_DIR/checkpoints/iter_NNNNNN) "
-        f"or its run directory, e.g. {flag} rllib_ext_runs/<run>."
-    )
-    if not original.exists():
-        raise CLIError(f"{flag} {str(path)!r}: no such file or directory. {fix}")
-    if (original / "rllib_checkpoint.json").is_file():
-        return original
-    summary = original / "summary.json"
-    if summary.is_file():
-        try:
-            saved = json.loads(summary.read_text()).get("checkpoint")
-        except (json.JSONDecodeError, AttributeError):
-            saved = None
-        if saved and (Path(saved) / "rllib_checkpoint.json").is_file():
-            return Path(saved)
-    for parent in (original / "checkpoints", original):
-        candidates = sorted(p.parent for p in parent.glob("*/rllib_checkpoint.json"))
-        if candidates:
-            return candidates[-1]
-    raise CLIError(
-        f"{flag} {str(path)!r} is not an RLlib checkpoint (no rllib_checkpoint.json). {fix}"
-    )
+    from rllib_ext.cli.checkpoints import find_checkpoint
+
+    return find_checkpoint(path, flag=flag)
 
 
 def _checkpoint_values(checkpoint: Path) -> dict[str, Any]:

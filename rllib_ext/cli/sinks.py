@@ -1,102 +1,119 @@
-"""Where ``rllib-ext train`` writes: a CSV of scalar metrics, TensorBoard events, the summary.
+"""The end of a ``rllib-ext train`` segment: :class:`TrainResult`, ``summary.json`` (written
+atomically, whole-run counters) and the table printed on the terminal.
 
-Metric names are the result dict's keys joined by ``/`` (``env_runners/episode_return_mean``),
-the same names Tune uses, so CSV columns, TensorBoard tags and Tune stop keys agree.
+Per-iteration metrics go through Tune's logger callbacks, see :mod:`rllib_ext.cli.runlog`.
 """
 
 from __future__ import annotations
 
-import csv
-import json
 import math
-import numbers
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MetricsWriter", "flatten_metrics", "format_summary"]
+from rllib_ext.cli.checkpoints import write_json_atomic
+from rllib_ext.cli.runconfig import DEFAULT_TRAINING, TrainSettings
 
-# Result entries that are not metrics (the whole config, host names, dates).
-_SKIPPED_TOP_LEVEL = frozenset({"config", "date", "hostname", "node_ip", "pid", "trial_id"})
+__all__ = ["TrainResult", "format_summary", "summary_table", "write_summary"]
 
+SUMMARY_FILE = "summary.json"
 
-def flatten_metrics(result: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
-    """Numeric leaves of a nested ``algo.train()`` result, keyed ``"a/b/c"``.
-
-    Strings, lists and the ``config`` entry are dropped; bools become 0/1.
-    """
-    flat: dict[str, float] = {}
-    for key, value in result.items():
-        if not prefix and key in _SKIPPED_TOP_LEVEL:
-            continue
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            flat.update(flatten_metrics(value, prefix=f"{name}/"))
-        elif isinstance(value, numbers.Number) and not isinstance(value, complex):
-            flat[name] = float(value)
-        elif hasattr(value, "item") and getattr(value, "size", None) == 1:
-            # numpy / torch scalars.
-            try:
-                flat[name] = float(value.item())
-            except (TypeError, ValueError):
-                continue
-    return flat
+_EXIT_CODES = {"interrupted": 130, "terminated": 143}
 
 
-class MetricsWriter:
-    """Appends one row per iteration to ``metrics.csv`` and scalars to TensorBoard.
+@dataclass
+class TrainResult:
+    """What a ``rllib-ext train`` run ended with (also written to ``summary.json``).
 
-    New metrics can appear after the first iteration (RLlib logs some lazily); the CSV is then
-    rewritten with the wider header so every row keeps its columns aligned.
+    Counters cover the whole run: all segments (the first process and every ``--resume``),
+    each counted up to its last checkpoint.
     """
 
-    def __init__(self, run_dir: Path, *, tensorboard: bool = True) -> None:
-        self.csv_path = run_dir / "metrics.csv"
-        self.tensorboard_dir = run_dir / "tensorboard"
-        self._columns: list[str] = []
-        self._writer = None
-        if tensorboard:
-            from tensorboardX import SummaryWriter
+    run_dir: Path
+    checkpoint: Path | None
+    """The newest checkpoint of the run (``None`` if none was written)."""
+    episode_return_mean: float
+    env_steps: int
+    iterations: int
+    wall_time_s: float
+    """Process time (Ray start-up included), summed over segments."""
+    train_time_s: float
+    """From ``build_algo()`` to the last iteration, summed over segments."""
+    stop_reason: str
+    """``stop_reward``, ``stop_win_rate``, ``stop_timesteps``, ``time_budget``, ``interrupted`` (SIGINT) or
+    ``terminated`` (SIGTERM)."""
+    settings: TrainSettings
+    win_rate: float | None = None
+    """SMAC envs: ``env_runners/win_rate`` of the last iteration (``None`` otherwise)."""
+    segments: int = 1
+    backend: str | None = None
+    """SMAC envs: the backend that ran (``smacv2``, ``smac`` or ``smax``); ``None`` otherwise."""
 
-            self._writer = SummaryWriter(logdir=str(self.tensorboard_dir), flush_secs=10)
+    @property
+    def interrupted(self) -> bool:
+        return self.stop_reason in _EXIT_CODES
 
-    def write(self, metrics: Mapping[str, float], *, step: int) -> None:
-        """Records one iteration's flat metrics at global step ``step`` (env steps)."""
-        row = dict(metrics)
-        known = set(self._columns)
-        new = [k for k in row if k not in known]
-        if new or not self.csv_path.exists():
-            self._columns.extend(sorted(new))
-            self._rewrite_csv(row)
-        else:
-            with self.csv_path.open("a", newline="") as f:
-                csv.DictWriter(f, fieldnames=self._columns).writerow(row)
-        if self._writer is not None:
-            for key, value in row.items():
-                if math.isfinite(value):
-                    self._writer.add_scalar(key, value, global_step=step)
-            self._writer.flush()
-
-    def _rewrite_csv(self, row: Mapping[str, float]) -> None:
-        # Rare (new metric names show up in the first iterations only): re-read, widen, append.
-        old_rows: list[dict[str, str]] = []
-        if self.csv_path.exists():
-            with self.csv_path.open(newline="") as f:
-                old_rows = list(csv.DictReader(f))
-        with self.csv_path.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=self._columns)
-            writer.writeheader()
-            writer.writerows(old_rows)
-            writer.writerow(row)
-
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+    @property
+    def exit_code(self) -> int:
+        """0, or 128 + the signal number for a run stopped by SIGINT (130) / SIGTERM (143)."""
+        return _EXIT_CODES.get(self.stop_reason, 0)
 
 
-def write_json(path: Path, data: Mapping[str, Any]) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+def write_summary(result: TrainResult) -> Path:
+    import ray
+
+    from rllib_ext import __version__
+
+    summary = {
+        "episode_return_mean": result.episode_return_mean,
+        "win_rate": result.win_rate,
+        "backend": result.backend,
+        "env_steps": result.env_steps,
+        "iterations": result.iterations,
+        "wall_time_s": round(result.wall_time_s, 3),
+        "train_time_s": round(result.train_time_s, 3),
+        "segments": result.segments,
+        "checkpoint": str(result.checkpoint) if result.checkpoint else None,
+        "stop_reason": result.stop_reason,
+        "settings": result.settings.to_dict(),
+        "ppo": {**DEFAULT_TRAINING, **result.settings.training},
+        "versions": {"rllib_ext": __version__, "ray": ray.__version__},
+    }
+    path = result.run_dir / SUMMARY_FILE
+    write_json_atomic(path, summary)
+    return path
+
+
+_STOP_TEXT = {
+    "stop_reward": "reached --stop-reward",
+    "stop_win_rate": "reached --stop-win-rate",
+    "stop_timesteps": "reached --stop-timesteps",
+    "time_budget": "used up --time-budget",
+    "interrupted": "interrupted (Ctrl-C)",
+    "terminated": "terminated (SIGTERM)",
+}
+
+
+def summary_table(result: TrainResult) -> str:
+    """The table ``rllib-ext train`` prints at the end."""
+    title = f"rllib-ext train: {result.settings.env}, {_STOP_TEXT[result.stop_reason]}"
+    return format_summary(
+        [
+            ("episode_return_mean", result.episode_return_mean),
+            *([("win_rate", result.win_rate)] if result.win_rate is not None else []),
+            *([("backend", result.backend)] if result.backend is not None else []),
+            ("env_steps", result.env_steps),
+            ("iterations", result.iterations),
+            ("train_time_s", result.train_time_s),
+            ("wall_time_s", result.wall_time_s),
+            *([("segments", result.segments)] if result.segments > 1 else []),
+            ("checkpoint", result.checkpoint),
+            ("run_dir", result.run_dir),
+            ("summary", result.run_dir / SUMMARY_FILE),
+        ],
+        title=title,
+    )
 
 
 def format_summary(rows: Iterable[tuple[str, Any]], *, title: str) -> str:

@@ -1,5 +1,9 @@
 """``rllib-ext train``: PPO with ``rllib_ext.PPOConfig``, ``build_algo()`` and an ``algo.train()``
-loop until a stop criterion; checkpoints, metrics and a summary under the run directory.
+loop until a stop criterion; checkpoints (:mod:`~rllib_ext.cli.checkpoints`), Tune-format
+metrics (:mod:`~rllib_ext.cli.runlog`) and a summary under the run directory.
+
+A run survives any kill: ``--resume RUN_DIR`` continues from the newest complete checkpoint,
+and SIGTERM / Ctrl-C stop it with a final checkpoint (:mod:`~rllib_ext.cli.interrupts`).
 
 :func:`train` is the whole command and is what ``benchmarks/train_cartpole.py`` times.
 It accepts an already-initialized Ray (tests, notebooks) and leaves it running; a Ray it
@@ -12,20 +16,24 @@ import contextlib
 import dataclasses
 import logging
 import math
-import re
 import secrets
+import signal
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from rllib_ext.cli.checkpoints import RunState, commit_checkpoint, write_json_atomic
+from rllib_ext.cli.interrupts import RunInterrupted, Signals
 from rllib_ext.cli.progress import IterationStats, ProgressReporter
-from rllib_ext.cli.runconfig import DEFAULT_TRAINING, SETTINGS_FILE, CLIError, TrainSettings
-from rllib_ext.cli.sinks import MetricsWriter, flatten_metrics, format_summary, write_json
+from rllib_ext.cli.runconfig import DEFAULT_TRAINING, CLIError, TrainSettings
+from rllib_ext.cli.rundir import SETTINGS_JSON, RunPlan, plan_run
+from rllib_ext.cli.runlog import RunLog, trim_after
+from rllib_ext.cli.sinks import TrainResult, summary_table, write_summary
 
 __all__ = [
+    "Segment",
     "TrainResult",
     "build_algo_config",
     "check_settings",
@@ -33,38 +41,13 @@ __all__ = [
     "episode_return_of",
     "ray_init_kwargs",
     "run_training_loop",
+    "summary_table",
     "train",
 ]
 
 logger = logging.getLogger("rllib_ext.cli")
 
 RETURN_KEY = "env_runners/episode_return_mean"
-
-
-@dataclass
-class TrainResult:
-    """What one ``rllib-ext train`` run ended with (also written to ``summary.json``)."""
-
-    run_dir: Path
-    checkpoint: Path | None
-    episode_return_mean: float
-    env_steps: int
-    iterations: int
-    wall_time_s: float
-    """From the start of :func:`train` (Ray start-up included) to the end."""
-    train_time_s: float
-    """From ``build_algo()`` to the iteration that met the stop criterion."""
-    stop_reason: str
-    """``stop_reward``, ``stop_timesteps``, ``time_budget`` or ``interrupted``."""
-    settings: TrainSettings
-    win_rate: float | None = None
-    """SMAC envs: ``env_runners/win_rate`` of the last iteration (``None`` otherwise)."""
-    backend: str | None = None
-    """SMAC envs: the backend that ran (``smacv2``, ``smac`` or ``smax``); ``None`` otherwise."""
-
-    @property
-    def interrupted(self) -> bool:
-        return self.stop_reason == "interrupted"
 
 
 def check_settings(settings: TrainSettings) -> None:
@@ -199,22 +182,26 @@ def _stop_reason(
     return None
 
 
-def _default_run_dir(env: str) -> Path:
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", env).strip("_") or "env"
-    base = Path("rllib_ext_runs") / f"{name}_{datetime.now():%Y%m%d-%H%M%S}"
-    path, n = base, 1
-    while path.exists():
-        n += 1
-        path = base.with_name(f"{base.name}_{n}")
-    return path
+@dataclass
+class Segment:
+    """This process's share of the run: the counters it started from and its clocks."""
 
+    base: RunState
+    started: float
+    """``time.perf_counter()`` at the start of :func:`train` (the time budget counts from it)."""
+    build_started: float | None = None
 
-def _save_checkpoint(algo: Any, checkpoint_dir: Path, settings: TrainSettings) -> Path:
-    path = (checkpoint_dir / f"iter_{int(algo.iteration):06d}").resolve()
-    algo.save_to_path(str(path))
-    write_json(path / SETTINGS_FILE, settings.to_dict())
-    logger.info("checkpoint saved: %s", path)
-    return path
+    def state(self, *, iteration: int, env_steps: int, run_dir: Path) -> RunState:
+        now = time.perf_counter()
+        return RunState(
+            iteration=iteration,
+            env_steps=max(env_steps, self.base.env_steps),
+            wall_time_s=self.base.wall_time_s + (now - self.started),
+            train_time_s=self.base.train_time_s
+            + (now - self.build_started if self.build_started is not None else 0.0),
+            segments=self.base.segments + 1,
+            run_dir=str(run_dir),
+        )
 
 
 @dataclass
@@ -222,7 +209,7 @@ class _LoopOutcome:
     last_result: Mapping[str, Any] | None
     stop_reason: str
     checkpoint: Path | None
-    stopped_at: float
+    state: RunState
 
 
 def run_training_loop(
@@ -230,33 +217,44 @@ def run_training_loop(
     settings: TrainSettings,
     *,
     checkpoint_dir: Path,
-    writer: MetricsWriter,
+    run_log: Any,
     progress: ProgressReporter,
-    started: float,
+    segment: Segment,
+    signals: Signals,
 ) -> _LoopOutcome:
-    """Calls ``algo.train()`` until a stop criterion or Ctrl-C, then saves a final checkpoint.
+    """Calls ``algo.train()`` until a stop criterion or a signal, then commits a final checkpoint.
 
-    ``started`` is the ``time.perf_counter()`` the time budget counts from. On Ctrl-C
-    (``KeyboardInterrupt``) the loop stops at once and the final checkpoint is still written.
+    Each result is logged (``run_log.write``) before the next iteration starts; checkpoints
+    every ``checkpoint_freq`` iterations and at the end. A first SIGINT/SIGTERM stops the loop
+    at once (it only waits for a metrics row or a checkpoint commit in progress).
     """
+    run_dir = Path(settings.run_dir or ".")
     result: Mapping[str, Any] | None = None
     checkpoint: Path | None = None
-    saved_iteration: int | None = None
+    saved_iteration = segment.base.iteration
+    logged_iteration = segment.base.iteration
+    env_steps = segment.base.env_steps
     reason = "interrupted"
+
+    def commit() -> Path:
+        state = segment.state(iteration=algo.iteration, env_steps=env_steps, run_dir=run_dir)
+        return commit_checkpoint(algo, checkpoint_dir, settings=settings.to_dict(), state=state)
+
     try:
         while True:
             result = algo.train()
-            elapsed = time.perf_counter() - started
+            elapsed = time.perf_counter() - segment.started
             steps = env_steps_of(result)
             episode_return = episode_return_of(result)
-            metrics = flatten_metrics(result)
-            metrics["wall_time_s"] = elapsed
-            writer.write(metrics, step=steps)
+            with signals.deferred():
+                run_log.write(result)
+                logged_iteration = int(result.get("training_iteration", algo.iteration))
+                env_steps = steps
             iteration_s = float(result.get("time_this_iter_s") or 0.0)
             new_steps = _iteration_env_steps(result, progress)
             progress.update(
                 IterationStats(
-                    iteration=int(result.get("training_iteration", algo.iteration)),
+                    iteration=logged_iteration,
                     env_steps=steps,
                     episode_return_mean=episode_return,
                     steps_per_s=new_steps / iteration_s if iteration_s > 0 else 0.0,
@@ -269,15 +267,33 @@ def run_training_loop(
                 reason = stop
                 break
             if settings.checkpoint_freq and algo.iteration % settings.checkpoint_freq == 0:
-                checkpoint = _save_checkpoint(algo, checkpoint_dir, settings)
-                saved_iteration = algo.iteration
-    except KeyboardInterrupt:
+                with signals.deferred():
+                    checkpoint = commit()
+                    saved_iteration = algo.iteration
+    except KeyboardInterrupt as exc:
         progress.close()
-        logger.warning("interrupted: saving a checkpoint before exit (Ctrl-C again aborts it)")
-    stopped_at = time.perf_counter()
-    if saved_iteration != algo.iteration and algo.iteration > 0:
-        checkpoint = _save_checkpoint(algo, checkpoint_dir, settings)
-    return _LoopOutcome(result, reason, checkpoint, stopped_at)
+        reason = _interrupt_reason(exc)
+        logger.warning(
+            "%s: saving a checkpoint before exit (a second signal exits at once)",
+            "SIGTERM" if reason == "terminated" else "interrupted",
+        )
+    signals.stopping()
+    if algo.iteration != logged_iteration:
+        # Interrupted after RLlib counted an iteration but before its result was logged:
+        # a checkpoint now would hold an iteration the metrics files never see.
+        logger.warning(
+            "the interrupted iteration %d was not logged; not checkpointing it", algo.iteration
+        )
+    elif saved_iteration != algo.iteration and algo.iteration > 0:
+        checkpoint = commit()
+    state = segment.state(iteration=logged_iteration, env_steps=env_steps, run_dir=run_dir)
+    return _LoopOutcome(result, reason, checkpoint, state)
+
+
+def _interrupt_reason(exc: BaseException) -> str:
+    if isinstance(exc, RunInterrupted) and exc.signum == signal.SIGTERM:
+        return "terminated"
+    return "interrupted"
 
 
 def _log_settings(settings: TrainSettings, config: Any, init_kwargs: Mapping[str, Any]) -> None:
@@ -332,32 +348,74 @@ def train(
             settings.env_config.get("map_name", "(default)"),
             f", preset {settings.preset}" if settings.preset else "",
         )
-    run_dir = Path(settings.run_dir) if settings.run_dir else _default_run_dir(settings.env)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    settings = dataclasses.replace(settings, run_dir=str(run_dir))
-    checkpoint_dir = Path(settings.checkpoint_dir or run_dir / "checkpoints")
-    checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    write_json(run_dir / "settings.json", settings.to_dict())
+    plan = plan_run(settings)
+    settings = dataclasses.replace(
+        settings,
+        run_dir=str(plan.run_dir),
+        resume=str(plan.resume) if plan.resume else None,
+    )
+    plan.run_dir.mkdir(parents=True, exist_ok=True)
+    plan.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(plan.run_dir / SETTINGS_JSON, settings.to_dict())
+    segment = Segment(base=plan.base, started=started)
+    signals = Signals()
+    with signals.installed():
+        outcome = _run(settings, config, plan, segment, signals, progress)
+        signals.stopping()
+        result = TrainResult(
+            run_dir=plan.run_dir,
+            checkpoint=outcome.checkpoint or plan.resume,
+            episode_return_mean=episode_return_of(outcome.last_result or {}),
+            env_steps=outcome.state.env_steps,
+            iterations=outcome.state.iteration,
+            wall_time_s=outcome.state.wall_time_s,
+            train_time_s=outcome.state.train_time_s,
+            stop_reason=outcome.stop_reason,
+            settings=settings,
+            win_rate=win_rate_of(outcome.last_result or {}),
+            segments=outcome.state.segments,
+            backend=backend,
+        )
+        write_summary(result)
+    return result
 
+
+def _run(
+    settings: TrainSettings,
+    config: Any,
+    plan: RunPlan,
+    segment: Segment,
+    signals: Signals,
+    progress: bool | None,
+) -> _LoopOutcome:
     import ray
 
     init_kwargs = ray_init_kwargs(settings)
     owns_ray = not ray.is_initialized()
     _log_settings(settings, config, init_kwargs if owns_ray else {"reused": True})
-    if owns_ray:
-        ray.init(**init_kwargs)
-    writer = MetricsWriter(run_dir)
-    algo = None
+    algo = run_log = reporter = watchdog = None
     try:
-        build_started = time.perf_counter()
+        if owns_ray:
+            ray.init(**init_kwargs)
+        segment.build_started = time.perf_counter()
         algo = config.build_algo()
-        if settings.resume:
-            algo.restore_from_path(str(Path(settings.resume).resolve()))
-            logger.info("resumed from %s at iteration %d", settings.resume, algo.iteration)
+        _drop_empty_tune_logdir(algo)
+        if plan.resume is not None:
+            algo.restore_from_path(str(plan.resume))
+            logger.info("resumed from %s at iteration %d", plan.resume, algo.iteration)
+            if plan.base.iteration != algo.iteration:  # a checkpoint without rllib_ext counters
+                segment.base = dataclasses.replace(segment.base, iteration=int(algo.iteration))
+        from rllib_ext.cli.watchdog import start_learner_watchdog
+
+        watchdog = start_learner_watchdog(algo, settings, plan.checkpoint_dir, signals)
+        with signals.deferred():
+            trim_after(plan.run_dir, segment.base.iteration if plan.continues_here else 0)
+            run_log = RunLog(plan.run_dir, config.to_dict())
         reporter = ProgressReporter(
             stop_reward=settings.stop_reward,
             stop_timesteps=settings.stop_timesteps,
             time_budget=settings.time_budget,
+            initial_env_steps=segment.base.env_steps,
             enabled=progress,
         )
         redirect = contextlib.nullcontext()
@@ -366,85 +424,43 @@ def train(
 
             redirect = logging_redirect_tqdm(loggers=[logger])
         with redirect:
-            outcome = run_training_loop(
+            return run_training_loop(
                 algo,
                 settings,
-                checkpoint_dir=checkpoint_dir,
-                writer=writer,
+                checkpoint_dir=plan.checkpoint_dir,
+                run_log=run_log,
                 progress=reporter,
-                started=started,
+                segment=segment,
+                signals=signals,
             )
-        reporter.close()
+    except KeyboardInterrupt as exc:  # before the loop: nothing trained in this segment
+        signals.stopping()
+        reason = _interrupt_reason(exc)
+        logger.warning("%s before training started", reason)
+        return _LoopOutcome(None, reason, None, plan.base)
     finally:
-        writer.close()
+        signals.stopping()
+        if reporter is not None:
+            reporter.close()
+        if run_log is not None:
+            run_log.close()
+        if watchdog is not None:  # before algo.stop(): stopped learners fall silent
+            watchdog.stop()
         if algo is not None:
             algo.stop()
         if owns_ray:
             ray.shutdown()
-    last = outcome.last_result or {}
-    result = TrainResult(
-        run_dir=run_dir,
-        checkpoint=outcome.checkpoint,
-        episode_return_mean=episode_return_of(last),
-        env_steps=env_steps_of(last) if last else 0,
-        iterations=int(last.get("training_iteration", 0)),
-        wall_time_s=time.perf_counter() - started,
-        train_time_s=outcome.stopped_at - build_started,
-        stop_reason=outcome.stop_reason,
-        settings=settings,
-        win_rate=win_rate_of(last),
-        backend=backend,
-    )
-    _write_summary(result, config)
-    return result
 
 
-def _write_summary(result: TrainResult, config: Any) -> None:
-    import ray
+def _drop_empty_tune_logdir(algo: Any) -> None:
+    """Removes the empty ``~/ray_results/<date>...`` directory every ``Algorithm`` creates.
 
-    from rllib_ext import __version__
+    Outside Tune, RLlib's ``Trainable`` base makes a log directory under ``~/ray_results`` that
+    nothing writes to; this run's results go to its run directory instead.
+    """
+    from ray.train.constants import DEFAULT_STORAGE_PATH
 
-    summary = {
-        "episode_return_mean": result.episode_return_mean,
-        "win_rate": result.win_rate,
-        "backend": result.backend,
-        "env_steps": result.env_steps,
-        "iterations": result.iterations,
-        "wall_time_s": round(result.wall_time_s, 3),
-        "train_time_s": round(result.train_time_s, 3),
-        "checkpoint": str(result.checkpoint) if result.checkpoint else None,
-        "stop_reason": result.stop_reason,
-        "settings": result.settings.to_dict(),
-        "ppo": {**DEFAULT_TRAINING, **result.settings.training},
-        "versions": {"rllib_ext": __version__, "ray": ray.__version__},
-    }
-    write_json(result.run_dir / "summary.json", summary)
-
-
-_STOP_TEXT = {
-    "stop_reward": "reached --stop-reward",
-    "stop_win_rate": "reached --stop-win-rate",
-    "stop_timesteps": "reached --stop-timesteps",
-    "time_budget": "used up --time-budget",
-    "interrupted": "interrupted (Ctrl-C)",
-}
-
-
-def summary_table(result: TrainResult) -> str:
-    """The table ``rllib-ext train`` prints at the end."""
-    title = f"rllib-ext train: {result.settings.env}, {_STOP_TEXT[result.stop_reason]}"
-    return format_summary(
-        [
-            ("episode_return_mean", result.episode_return_mean),
-            *([("win_rate", result.win_rate)] if result.win_rate is not None else []),
-            *([("backend", result.backend)] if result.backend is not None else []),
-            ("env_steps", result.env_steps),
-            ("iterations", result.iterations),
-            ("train_time_s", result.train_time_s),
-            ("wall_time_s", result.wall_time_s),
-            ("checkpoint", result.checkpoint),
-            ("run_dir", result.run_dir),
-            ("summary", result.run_dir / "summary.json"),
-        ],
-        title=title,
-    )
+    logdir = Path(algo.logdir)
+    if logdir.parent == Path(DEFAULT_STORAGE_PATH) and logdir.is_dir():
+        with contextlib.suppress(OSError):  # not empty, or already gone: leave it
+            logdir.rmdir()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import importlib.util
 import json
 import os
@@ -13,7 +12,9 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
+from ray.tune import Result
 
 from rllib_ext.cli.main import main
 
@@ -26,7 +27,7 @@ def _summary(run_dir: Path) -> dict:
 
 @pytest.mark.usefixtures("ray_session")
 def test_short_run_writes_everything_and_evaluate_reads_it(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run_dir = tmp_path / "run"
     argv = ["train", "--stop-timesteps", "4000", "--checkpoint-freq", "1", "--seed", "0"]
@@ -46,18 +47,23 @@ def test_short_run_writes_everything_and_evaluate_reads_it(
     saved = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert len(saved) == summary["iterations"] >= 2, saved
 
-    with (run_dir / "metrics.csv").open() as f:
-        rows = list(csv.DictReader(f))
-    assert len(rows) == summary["iterations"]
-    assert "env_runners/episode_return_mean" in rows[0]
-    assert "learners/default_policy/gae/vectorized" in rows[0]  # the extension ran
-    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    # Tune's trial layout, read with Tune's own reader and pandas.
+    progress = pd.read_csv(run_dir / "progress.csv")
+    assert list(progress["training_iteration"]) == list(range(1, summary["iterations"] + 1))
+    assert "env_runners/episode_return_mean" in progress.columns
+    assert "learners/default_policy/gae/vectorized" in progress.columns  # the extension ran
+    assert "config/lr" not in progress.columns
+    tune_result = Result.from_path(str(run_dir))
+    assert tune_result.metrics["training_iteration"] == summary["iterations"]
+    assert list(run_dir.glob("events.out.tfevents.*"))
 
     assert main(["evaluate", str(checkpoint), "--episodes", "3"]) == 0
     out = capsys.readouterr().out
     assert "mean return:" in out and "episodes: 3" in out
-    # A run directory works as well as the checkpoint itself.
+    # A run directory works as well as the checkpoint itself, and so does a relative path.
     assert main(["evaluate", str(run_dir), "--episodes", "1"]) == 0
+    monkeypatch.chdir(tmp_path)
+    assert main(["evaluate", str(checkpoint.relative_to(tmp_path)), "--episodes", "1"]) == 0
 
 
 @pytest.mark.usefixtures("ray_session")
@@ -76,8 +82,13 @@ def test_resume_continues_from_the_checkpoint(tmp_path: Path) -> None:
     assert after["settings"]["resume"] == before["checkpoint"]
     assert after["settings"]["seed"] == 3  # inherited from the checkpoint
     assert after["settings"]["extensions"]["gae"] == "rllib"
-    with (second / "metrics.csv").open() as f:
-        assert [int(float(r["training_iteration"])) for r in csv.DictReader(f)] == [2]
+    assert after["segments"] == 2 and after["train_time_s"] > before["train_time_s"]
+    assert list(pd.read_csv(second / "progress.csv")["training_iteration"]) == [2]
+
+    # Without --run-dir the run continues in its own directory: each iteration once.
+    assert main(["train", "--resume", str(first), "--stop-timesteps", "4000"]) == 0
+    assert list(pd.read_csv(first / "progress.csv")["training_iteration"]) == [1, 2]
+    assert _summary(first)["segments"] == 2
 
 
 @pytest.mark.usefixtures("ray_session")
@@ -91,11 +102,23 @@ def test_default_run_reaches_450(tmp_path: Path) -> None:
     assert Path(summary["checkpoint"], "rllib_checkpoint.json").is_file()
 
 
-def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path: Path) -> None:
-    """A real SIGINT to the process group (what Ctrl-C in a terminal sends)."""
+@pytest.mark.parametrize(
+    ("signum", "code", "reason"),
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")],
+)
+def test_a_signal_saves_a_checkpoint_and_a_summary(
+    tmp_path: Path, signum: int, code: int, reason: str
+) -> None:
+    """SIGINT to the process group (what Ctrl-C in a terminal sends) and SIGTERM (what
+    schedulers send) both stop the run with a final checkpoint and a summary.
+
+    HOME points at an empty directory: nothing may land in ~/ray_results.
+    """
     script = shutil.which("rllib-ext", path=str(Path(sys.executable).parent))
     if script is None:
         pytest.skip("console script not installed: pip install -e . --no-deps")
+    home = tmp_path / "home"
+    home.mkdir()
     run_dir = tmp_path / "interrupted"
     argv = ["train", "--stop-reward", "none", "--stop-timesteps", "10000000", "--seed", "0"]
     proc = subprocess.Popen(
@@ -104,28 +127,35 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path: Path) -> None:
         # A shell starts background jobs with SIGINT ignored; Python then never raises
         # KeyboardInterrupt. Restore the default so the test sees what a terminal user sees.
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        env={**os.environ, "HOME": str(home)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
         deadline = time.monotonic() + 300
-        metrics = run_dir / "metrics.csv"
-        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+        progress = run_dir / "progress.csv"
+        while not (progress.exists() and len(progress.read_text().splitlines()) >= 2):
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "no iteration finished in time"
             time.sleep(0.5)
-        os.killpg(proc.pid, signal.SIGINT)
+        os.killpg(proc.pid, signum)
         out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, err[-2000:]
+    assert proc.returncode == code, err[-2000:]
     assert "Traceback" not in err
     summary = _summary(run_dir)
-    assert summary["stop_reason"] == "interrupted"
-    assert (Path(summary["checkpoint"]) / "rllib_checkpoint.json").is_file()
-    assert "interrupted" in out
+    assert summary["stop_reason"] == reason
+    checkpoint = Path(summary["checkpoint"])
+    assert checkpoint.parent == run_dir / "checkpoints"
+    assert (checkpoint / "rllib_checkpoint.json").is_file()
+    iterations = list(pd.read_csv(run_dir / "progress.csv")["training_iteration"])
+    assert iterations == list(range(1, summary["iterations"] + 1))
+    assert reason in out
+    ray_results = home / "ray_results"
+    assert not ray_results.exists() or not any(ray_results.iterdir())
 
 
 @pytest.mark.usefixtures("ray_session")
