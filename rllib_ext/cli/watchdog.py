@@ -29,8 +29,9 @@ def start_learner_watchdog(algo: Any, settings: Any, checkpoint_dir: Path, signa
     ).start()
     if watchdog.num_learners:
         logging.getLogger("rllib_ext.cli").info(
-            "learner watchdog: %d learners, --learner-timeout %g s",
+            "learner watchdog: %d learners, --learner-timeout %g s (%s)",
             watchdog.num_learners,
             settings.learner_timeout,
+            watchdog.describe(),
         )
     return watchdog

@@ -66,7 +66,8 @@ class HeartbeatBoard:
         return {key: now - last for key, last in self._last.items()}
 
 
-_beating: set[str] = set()
+_boards: dict[str, Any] = {}
+"""Board each heartbeat thread of this process reports to (a new watchdog replaces it)."""
 
 
 def _start_beating(learner: Any, *, board: Any) -> tuple[str, Any]:
@@ -74,12 +75,13 @@ def _start_beating(learner: Any, *, board: Any) -> tuple[str, Any]:
     context = ray.get_runtime_context()
     key = f"pid {os.getpid()} on {context.get_node_id()[:8]} ({ray.util.get_node_ip_address()})"
     ray.get(board.beat.remote(key))
-    if key not in _beating:
-        _beating.add(key)
+    first = key not in _boards
+    _boards[key] = board
+    if first:
 
         def beat() -> None:
             while True:
-                board.beat.remote(key)
+                _boards[key].beat.remote(key)
                 time.sleep(BEAT_INTERVAL_S)
 
         threading.Thread(target=beat, name="rllib_ext-heartbeat", daemon=True).start()
@@ -148,6 +150,10 @@ class LearnerWatchdog:
     def num_learners(self) -> int:
         """Remote learners watched (0: local learner, nothing to watch)."""
         return len(self._learners)
+
+    def describe(self) -> str:
+        """``"learner 1: pid N on NODE (IP); learner 2: ..."``."""
+        return "; ".join(f"learner {learner.index}: {learner.key}" for learner in self._learners)
 
     def stop(self) -> None:
         self._stop.set()
