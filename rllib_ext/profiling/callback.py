@@ -101,8 +101,8 @@ class ProfilerCallback(RLlibCallback):
         paths: dict[str, Path] = {}
         if self.parts:
             breakdown = merge_breakdowns(self.parts)
-            keys = ("env", "env_config", "num_env_runners", "num_envs_per_env_runner")
-            keys += ("num_learners", "train_batch_size_per_learner", "minibatch_size", "num_epochs")
+            keys = "env env_config num_env_runners num_envs_per_env_runner num_learners".split()
+            keys += ["train_batch_size_per_learner", "minibatch_size", "num_epochs"]
             breakdown.details["config"] = {
                 **{k: getattr(config, k) for k in (*keys, "learner_config_dict")},
                 "learner_class": _base_name(config.learner_class),
