@@ -19,9 +19,11 @@ install: $(STAMP)
 train: $(STAMP)
 	$(VENV)/bin/rllib-ext train $(ARGS)
 
+## ruff, then mypy (settings in pyproject.toml: strict on rllib_ext/ops and rllib_ext/distributed).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check rllib_ext tests examples benchmarks
 	$(VENV)/bin/ruff format --check rllib_ext tests examples benchmarks
+	$(VENV)/bin/mypy
 
 ## What CI runs: lint, then every test except StarCraft II and the long learning comparisons.
 test: lint
@@ -42,4 +44,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/train_cartpole.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache *.egg-info
