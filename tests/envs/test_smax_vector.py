@@ -212,6 +212,7 @@ def test_build_algo_train_uses_batched_runner_on_remote_env_runner(ray_session):
         algo.stop()
     runners = result["env_runners"]
     assert runners["smax_batched_envs"] == 4
+    assert runners["smax_fused_sampling"] == 1.0
     assert runners["num_env_steps_sampled_lifetime"] >= 256
     assert "win_rate" in runners
 

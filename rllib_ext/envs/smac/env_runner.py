@@ -41,7 +41,7 @@ from ray.rllib.utils.metrics import (
 from ray.rllib.utils.numpy import convert_to_numpy
 
 from rllib_ext.envs.smac.fused import EnvTrack, build_chunk, fused_sampling_applies
-from rllib_ext.envs.smac.settings import SC2_PACKAGES, SMACEnvSettings
+from rllib_ext.envs.smac.settings import SMACEnvSettings
 from rllib_ext.envs.smac.vector import SMAXBatch, SMAXVectorEnv
 from rllib_ext.profiling.env_runner import sample_phase
 
@@ -63,9 +63,8 @@ SMAX_FUSED_METRIC = "smax_fused_sampling"
 def smax_env_config(env: Any, env_config: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The SMAC ``env_config`` with ``backend="smax"`` if ``env`` runs on SMAX, else ``None``.
 
-    ``backend="auto"`` resolves to SMAX exactly when :func:`rllib_ext.envs.smac.factory.make_backend`
-    would pick it: no ``game_factory``/``capability_config`` and no StarCraft II package that can
-    run the map.
+    ``backend="auto"`` is resolved by :func:`rllib_ext.envs.smac.factory.resolve_backend`, the
+    rule the env itself uses.
     """
     from rllib_ext.envs import SMAC_ENV_DEFAULTS, is_smac_env
 
@@ -77,15 +76,9 @@ def smax_env_config(env: Any, env_config: Mapping[str, Any] | None) -> dict[str,
         settings = SMACEnvSettings.from_env_config(merged)
     except (TypeError, ValueError):
         return None  # the env itself raises the full message when it is built
-    if settings.backend == "smax":
-        return merged
-    if settings.backend != "auto":
-        return None
-    if settings.game_factory is not None or settings.capability_config is not None:
-        return None
-    from rllib_ext.envs.smac import sc2
+    from rllib_ext.envs.smac.factory import resolve_backend
 
-    if any(sc2.availability(package, settings.map_name)[0] for package in SC2_PACKAGES):
+    if resolve_backend(settings) != "smax":
         return None
     return {**merged, "backend": "smax"}
 

@@ -1,0 +1,177 @@
+"""SMAX env steps per second through RLlib: RLlib's per-env path against rllib_ext's batched one.
+
+Two measurements per map, in one run, same machine, same process:
+
+``sampling``: an env runner's ``sample()`` alone (no learning), ``--num-envs`` battles, the
+masked PPO module choosing actions (``explore=True``):
+
+* ``rllib``: RLlib's ``MultiAgentEnvRunner`` over its ``SyncVectorMultiAgentEnv`` of
+  ``SMACEnv`` copies (what rllib_ext did before; one jitted SMAX step per env per step);
+* ``batched``: ``SMAXVectorEnvRunner`` with ``fused_sampling=False``: all battles in one jitted,
+  vmapped call, RLlib's own per-agent loop, connectors and episode bookkeeping on top;
+* ``fused``: ``SMAXVectorEnvRunner`` as configured by default: one forward pass for all agents
+  of all battles, arrays until the episode chunks are built (same episodes, see the tests).
+
+``train``: ``algo.train()`` end to end (sampling + learning; one remote env runner, whose torch
+runs one thread as Ray sets it, the learner in the driver with all cores), env steps per second
+of wall time over ``--train-iters`` iterations after one warm-up iteration, for two settings:
+
+* ``cli``: ``rllib-ext train``'s defaults (8 envs, train batch 2000, minibatch 250, 10 epochs);
+* ``large``: 64 envs, train batch 8192, minibatch 4096, 5 epochs (MAPPO's SMAC recipe is 5
+  epochs over 1 minibatch; rllib_ext's SMAC presets are not part of this script).
+
+Run (2-core machine: serialise CPU-heavy jobs)::
+
+    flock /tmp/cpu.lock python benchmarks/smax_throughput.py --json benchmarks/results/smax_throughput.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from typing import Any
+
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+TRAIN_SETTINGS: dict[str, dict[str, Any]] = {
+    "cli": {"num_envs": 8, "train_batch_size": 2000, "minibatch_size": 250, "num_epochs": 10},
+    "large": {"num_envs": 64, "train_batch_size": 8192, "minibatch_size": 4096, "num_epochs": 5},
+}
+
+
+def _config(map_name: str, num_envs: int, path: str, seed: int, num_env_runners: int = 0) -> Any:
+    from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
+
+    from rllib_ext import PPOConfig
+
+    config = (
+        PPOConfig()
+        .environment("smax", env_config={"map_name": map_name, "seed": seed})
+        .env_runners(num_env_runners=num_env_runners, num_envs_per_env_runner=num_envs)
+        .debugging(seed=seed)
+    )
+    if path == "rllib":
+        config.env_runners(env_runner_cls=MultiAgentEnvRunner)
+    return config
+
+
+def measure_sampling(map_name: str, path: str, *, num_envs: int, seconds: float) -> float:
+    """Env steps per second of ``EnvRunner.sample()`` (warm: compiled, episodes running)."""
+    config = _config(map_name, num_envs, path, seed=0)
+    runner = config.env_runner_cls(config=config)
+    if path == "batched":
+        runner.fused_sampling = False
+    chunk = num_envs * 16
+    runner.sample(num_timesteps=chunk)
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        episodes = runner.sample(num_timesteps=chunk)
+        steps += sum(ep.env_steps() for ep in episodes)
+    rate = steps / (time.perf_counter() - start)
+    runner.stop()
+    return rate
+
+
+def measure_train(map_name: str, path: str, *, settings: str, iters: int) -> dict[str, float]:
+    """Env steps per second of ``algo.train()`` over ``iters`` iterations after a warm-up one."""
+    spec = TRAIN_SETTINGS[settings]
+    config = _config(map_name, spec["num_envs"], path, seed=0, num_env_runners=1).training(
+        train_batch_size_per_learner=spec["train_batch_size"],
+        minibatch_size=spec["minibatch_size"],
+        num_epochs=spec["num_epochs"],
+        lr=3e-4,
+    )
+    algo = config.build_algo()
+    try:
+        result = algo.train()
+        before = result["env_runners"]["num_env_steps_sampled_lifetime"]
+        start = time.perf_counter()
+        for _ in range(iters):
+            result = algo.train()
+        wall = time.perf_counter() - start
+        steps = result["env_runners"]["num_env_steps_sampled_lifetime"] - before
+        runners = result["env_runners"]
+        return {
+            "env_steps_per_s": steps / wall,
+            "batched_envs": float(runners.get("smax_batched_envs", 0.0)),
+            "fused": float(runners.get("smax_fused_sampling", 0.0)),
+        }
+    finally:
+        algo.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--maps", nargs="+", default=["3m", "3s5z_vs_3s6z"])
+    parser.add_argument("--num-envs", type=int, default=64, help="battles for the sampling part")
+    parser.add_argument("--sample-seconds", type=float, default=10.0)
+    parser.add_argument("--train-iters", type=int, default=2)
+    parser.add_argument(
+        "--sampling-torch-threads",
+        type=int,
+        default=1,
+        help="torch threads while measuring sampling (1: what Ray gives a remote env runner; "
+        "two threads spinning next to XLA's pool slow both down on 2 cores)",
+    )
+    parser.add_argument("--train-settings", nargs="+", default=list(TRAIN_SETTINGS))
+    parser.add_argument("--skip-train", action="store_true")
+    parser.add_argument("--json", default=None, help="also write the numbers here")
+    args = parser.parse_args()
+
+    import ray
+    import torch
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    learner_threads = torch.get_num_threads()
+    torch.set_num_threads(args.sampling_torch_threads)
+    out: dict[str, Any] = {
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "torch_threads_sampling": args.sampling_torch_threads,
+        "torch_threads_learner": learner_threads,
+        "num_envs_sampling": args.num_envs,
+        "sampling": {},
+        "train": {},
+    }
+    for map_name in args.maps:
+        rates = {
+            path: measure_sampling(
+                map_name, path, num_envs=args.num_envs, seconds=args.sample_seconds
+            )
+            for path in ("rllib", "batched", "fused")
+        }
+        out["sampling"][map_name] = rates
+        print(
+            f"sampling {map_name:>13} E={args.num_envs}: rllib {rates['rllib']:8.0f}  "
+            f"batched {rates['batched']:8.0f} ({rates['batched'] / rates['rllib']:.1f}x)  "
+            f"fused {rates['fused']:8.0f} ({rates['fused'] / rates['rllib']:.1f}x) env steps/s",
+            flush=True,
+        )
+    torch.set_num_threads(learner_threads)
+    if not args.skip_train:
+        for map_name in args.maps:
+            for settings in args.train_settings:
+                rows = {
+                    path: measure_train(map_name, path, settings=settings, iters=args.train_iters)
+                    for path in ("rllib", "fused")
+                }
+                out["train"].setdefault(map_name, {})[settings] = rows
+                before, after = rows["rllib"]["env_steps_per_s"], rows["fused"]["env_steps_per_s"]
+                print(
+                    f"train    {map_name:>13} {settings:>5}: rllib {before:8.0f}  "
+                    f"fused {after:8.0f} ({after / before:.1f}x) env steps/s "
+                    f"(batched envs {rows['fused']['batched_envs']:.0f}, "
+                    f"fused {rows['fused']['fused']:.0f})",
+                    flush=True,
+                )
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()
