@@ -5,6 +5,10 @@ Run (about 1-3 minutes on a 2-core laptop)::
     python examples/cartpole_ppo.py
     python examples/cartpole_ppo.py --num-env-runners 2 --stop-reward 200   # quicker look
 
+Flags share ``rllib-ext train``'s names (``--num-env-runners``, ``--stop-reward``, ``--run-dir``);
+the Tune experiment goes to ``--run-dir`` (default ``rllib_ext_runs/cartpole_ppo_<time>``), not
+``~/ray_results``.
+
 The tutorial's settings are kept (torch, gamma=0.99, lr=3e-4, the rest PPO's defaults); only
 the names changed. Old (2023, Ray 2.x old API stack) -> new (Ray 2.58 new API stack):
 
@@ -26,6 +30,8 @@ the names changed. Old (2023, Ray 2.x old API stack) -> new (Ray 2.58 new API st
 from __future__ import annotations
 
 import argparse
+import time
+from pathlib import Path
 
 import ray
 from ray import tune
@@ -55,8 +61,13 @@ def main() -> None:
     parser.add_argument("--num-env-runners", type=int, default=1)
     parser.add_argument("--num-gpus", type=int, default=0, help="the tutorial used 2")
     parser.add_argument("--stop-reward", type=float, default=450.0)
-    parser.add_argument("--storage-path", default=None, help="default: ~/ray_results")
+    parser.add_argument(
+        "--run-dir",
+        default=f"rllib_ext_runs/cartpole_ppo_{time.strftime('%Y%m%d-%H%M%S')}",
+        help="where the Tune experiment goes (default: rllib_ext_runs/cartpole_ppo_<time>)",
+    )
     args = parser.parse_args()
+    run_dir = Path(args.run_dir).resolve()
 
     config = build_config(args.num_env_runners, args.num_gpus)
     ray.init(include_dashboard=False)
@@ -64,8 +75,8 @@ def main() -> None:
         rllib_ext.PPO,  # was tune.run("PPO", ...)
         param_space=config,
         run_config=tune.RunConfig(
-            name="cartpole_ppo",
-            storage_path=args.storage_path,
+            name=run_dir.name,
+            storage_path=str(run_dir.parent),
             stop={RETURN_METRIC: args.stop_reward},  # was {"episode_reward_mean": 450}
             checkpoint_config=tune.CheckpointConfig(
                 checkpoint_frequency=10, checkpoint_at_end=True

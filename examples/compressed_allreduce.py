@@ -16,13 +16,15 @@ True``, ``grad_clip: 0.5``), ``use_kl_loss=True`` / ``kl_coeff=0.3``, a [256, 25
 
     python examples/compressed_allreduce.py                       # CPU: gloo, fp16 wire
     python examples/compressed_allreduce.py --compression onebit --num-env-runners 2
-    python examples/compressed_allreduce.py --gpus-per-learner 1 --backend NCCL   # 2 GPUs
+    python examples/compressed_allreduce.py --num-gpus-per-learner 1 --backend NCCL   # 2 GPUs
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import time
+from pathlib import Path
 
 import ray
 from ray import tune
@@ -36,7 +38,7 @@ def build_config(args: argparse.Namespace) -> rllib_ext.PPOConfig:
         rllib_ext.PPOConfig()
         .environment("CartPole-v1")
         .env_runners(num_env_runners=args.num_env_runners)
-        .learners(num_learners=2, num_gpus_per_learner=args.gpus_per_learner)
+        .learners(num_learners=2, num_gpus_per_learner=args.num_gpus_per_learner)
         .training(
             communication=communication,  # the tutorial's block, unchanged
             use_kl_loss=True,
@@ -61,13 +63,18 @@ def main() -> None:
         "--compression", default="fp16", choices=["fp16", "bf16", "powersgd", "onebit"]
     )
     parser.add_argument("--backend", default="AUTO", choices=["AUTO", "GLOO", "NCCL"])
-    parser.add_argument("--gpus-per-learner", type=float, default=0)
+    parser.add_argument("--num-gpus-per-learner", type=float, default=0)
     parser.add_argument("--num-env-runners", type=int, default=0)
     parser.add_argument("--stop-reward", type=float, default=450.0)
     parser.add_argument("--stop-iters", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--storage", default=None, help="Tune storage path (default ~/ray_results)")
+    parser.add_argument(
+        "--run-dir",
+        default=f"rllib_ext_runs/compressed_allreduce_{time.strftime('%Y%m%d-%H%M%S')}",
+        help="where the Tune experiment goes (default: rllib_ext_runs/compressed_allreduce_<time>)",
+    )
     args = parser.parse_args()
+    run_dir = Path(args.run_dir).resolve()
 
     # The trial needs 1 CPU for the algorithm, 1 per learner and 1 per EnvRunner; a laptop with
     # fewer cores still runs it (logical CPUs, oversubscribed).
@@ -80,7 +87,8 @@ def main() -> None:
                 "env_runners/episode_return_mean": args.stop_reward,
                 "training_iteration": args.stop_iters,
             },
-            storage_path=args.storage,
+            name=run_dir.name,
+            storage_path=str(run_dir.parent),
             checkpoint_config=tune.CheckpointConfig(
                 checkpoint_frequency=10, checkpoint_at_end=True
             ),

@@ -17,6 +17,8 @@ On a CPU without native bf16/fp16 (AVX2 only) autocast is emulated and much slow
 from __future__ import annotations
 
 import argparse
+import time
+from pathlib import Path
 
 import ray
 import torch
@@ -32,7 +34,13 @@ def main() -> None:
     )
     parser.add_argument("--stop-reward", type=float, default=450.0)
     parser.add_argument("--stop-timesteps", type=int, default=200_000)
+    parser.add_argument(
+        "--run-dir",
+        default=f"rllib_ext_runs/mixed_precision_{time.strftime('%Y%m%d-%H%M%S')}",
+        help="where the Tune experiment goes (default: rllib_ext_runs/mixed_precision_<time>)",
+    )
     args = parser.parse_args()
+    run_dir = Path(args.run_dir).resolve()
 
     on_gpu = torch.cuda.is_available()
     config = (
@@ -63,6 +71,8 @@ def main() -> None:
         rllib_ext.PPO,  # keeps the extension through Tune (tune.run("PPO") would drop it)
         param_space=config,
         run_config=tune.RunConfig(
+            name=run_dir.name,
+            storage_path=str(run_dir.parent),
             stop={
                 "env_runners/episode_return_mean": args.stop_reward,
                 "num_env_steps_sampled_lifetime": args.stop_timesteps,
