@@ -226,7 +226,8 @@ def fit_to_machine(config: Any, *, have: Machine | None = None) -> dict[str, Any
             new_n, new_gpl = 0, min(gpl, 1.0, have.gpu)
         else:
             new_n, new_gpl = int(have.gpu // gpl), gpl
-        changes["num_learners"] = (n_learners, new_n)
+        if new_n != n_learners:
+            changes["num_learners"] = (n_learners, new_n)
         changes["num_gpus_per_learner"] = (gpl, new_gpl)
         n_learners, gpl = new_n, new_gpl
     main_cpu = max(float(config.num_cpus_for_main_process), 1.0)
