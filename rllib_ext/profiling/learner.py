@@ -55,7 +55,8 @@ class LearnerTimers(TorchLearner):
         """Observer of the comm hooks (backend thread; ``list.append`` is atomic)."""
         self.comm_intervals.append((record.start_s, record.start_s + record.comm_s))
 
-    def _add(self, phase: str, start: float) -> float:
+    def lap(self, phase: str, start: float) -> float:
+        """Adds the time since ``start`` to ``phase``; returns now."""
         now = time.perf_counter()
         self.phase_seconds[phase] += now - start
         return now
@@ -75,7 +76,7 @@ class LearnerTimers(TorchLearner):
         now = time.perf_counter()
         if self.first_minibatch and self.update_started is not None:
             self.first_minibatch = False
-            now = self._add("connector", self.update_started)
+            now = self.lap("connector", self.update_started)
         self.forward_started = now
         return super()._uncompiled_update(batch, **kwargs)
 
@@ -83,12 +84,12 @@ class LearnerTimers(TorchLearner):
     def compute_losses(self, *, fwd_out: dict[str, Any], batch: dict[str, Any]) -> Any:
         start = time.perf_counter()
         if self.forward_started is not None:
-            start = self._add("forward", self.forward_started)
+            start = self.lap("forward", self.forward_started)
             self.forward_started = None
         try:
             return super().compute_losses(fwd_out=fwd_out, batch=batch)
         finally:
-            self._add("loss", start)
+            self.lap("loss", start)
 
     @override(TorchLearner)
     def compute_gradients(self, loss_per_module: dict[str, Any], **kwargs: Any) -> Any:
@@ -96,7 +97,7 @@ class LearnerTimers(TorchLearner):
         try:
             return super().compute_gradients(loss_per_module, **kwargs)
         finally:
-            self._add("backward", start)
+            self.lap("backward", start)
 
     @override(Learner)
     def postprocess_gradients(self, gradients_dict: dict[str, Any]) -> Any:
@@ -104,7 +105,7 @@ class LearnerTimers(TorchLearner):
         try:
             return super().postprocess_gradients(gradients_dict)
         finally:
-            self._add("optimizer", start)
+            self.lap("optimizer", start)
 
     @override(TorchLearner)
     def apply_gradients(self, gradients_dict: dict[str, Any]) -> None:
@@ -112,13 +113,13 @@ class LearnerTimers(TorchLearner):
         try:
             super().apply_gradients(gradients_dict)
         finally:
-            self._add("optimizer", start)
+            self.lap("optimizer", start)
 
     @override(Learner)
     def after_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
         super().after_gradient_based_update(timesteps=timesteps)
         if self.update_started is not None:
-            self._add("update", self.update_started)
+            self.lap("update", self.update_started)
             self.update_started = None
         if self.comm_intervals:
             self.phase_seconds["grad_comm"] = interval_union(self.comm_intervals)
