@@ -94,7 +94,13 @@ def _build_parser() -> _Parser:
     profile.set_defaults(handler=_cmd_profile)
 
     evaluate = commands.add_parser(
-        "evaluate", help="greedy episodes with a trained checkpoint", allow_abbrev=False
+        "evaluate",
+        help="play episodes with a trained checkpoint (greedy, or --explore)",
+        description="Play episodes with the policy of a 'rllib-ext train' checkpoint (or run "
+        "directory, its newest checkpoint) in one local process, no Ray cluster: the "
+        "checkpoint's env, connectors and trained RLModule. Greedy actions by default; "
+        "prints the mean return (and the win rate on SMAC envs), or one JSON object with --json.",
+        allow_abbrev=False,
     )
     evaluate.add_argument(
         "checkpoint",
@@ -110,6 +116,23 @@ def _build_parser() -> _Parser:
         help="override the checkpoint's env_config (JSON object)",
     )
     evaluate.add_argument("--seed", default=None, metavar="N", help="env seed")
+    evaluate.add_argument(
+        "--explore",
+        action="store_true",
+        help="sample actions from the policy's distribution, as in training (default: greedy)",
+    )
+    evaluate.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object (returns, mean, win rate...) on stdout instead of text",
+    )
+    evaluate.add_argument(
+        "--video",
+        default=None,
+        metavar="DIR",
+        help="record one MP4 per episode into DIR with gymnasium's RecordVideo (gymnasium "
+        'envs; needs moviepy: pip install "rllib-ext[video]") (default: no video)',
+    )
     evaluate.set_defaults(handler=_cmd_evaluate)
 
     presets = commands.add_parser(
@@ -260,10 +283,18 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         env=convert("env", "--env", args.env),
         env_config=convert("env_config", "--env-config", args.env_config),
         seed=convert("seed", "--seed", args.seed),
+        explore=args.explore,
+        video_dir=args.video,
     )
+    if args.json:
+        import json
+
+        print(json.dumps(result.to_dict()))
+        return EXIT_OK
     returns = result.returns
     print(f"checkpoint: {result.checkpoint}")
-    print(f"env: {result.env}  episodes: {len(returns)}  policy: greedy (deterministic)")
+    policy = "stochastic (--explore)" if result.explore else "greedy (deterministic)"
+    print(f"env: {result.env}  episodes: {len(returns)}  policy: {policy}")
     print(
         f"mean return: {result.mean:.2f} +/- {result.std:.2f} "
         f"(min {min(returns):.2f}, max {max(returns):.2f})"
@@ -272,6 +303,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         print(
             f"win rate: {result.win_rate:.3f} ({sum(result.wins)}/{len(result.wins)} battles won)"
         )
+    if result.video_dir is not None:
+        print(f"videos: {result.video_dir}")
     return EXIT_OK
 
 
