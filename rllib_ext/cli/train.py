@@ -130,7 +130,9 @@ def ray_init_kwargs(settings: TrainSettings) -> dict[str, Any]:
     if settings.address is not None:
         return {"address": settings.address, **kwargs}
     needed = settings.num_env_runners + settings.num_learners
-    return {"num_cpus": max(1, needed), "include_dashboard": False, **kwargs}
+    # "local": a new Ray even when /tmp/ray/ray_current_cluster names another (or a dead)
+    # cluster, which a bare ray.init() would join (and refuse num_cpus for).
+    return {"address": "local", "num_cpus": max(1, needed), "include_dashboard": False, **kwargs}
 
 
 def env_steps_of(result: Mapping[str, Any]) -> int:
