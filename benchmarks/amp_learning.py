@@ -2,7 +2,7 @@
 
 Same config and seed for every mode; prints env steps and wall time to reach the target and
 the env-step ratio against fp32 (the test `tests/learners/test_amp_learning.py` asserts
-ratio <= 1.25).
+ratio <= 1.25 with the same loop, `rllib_ext.testing.learning.steps_to_return`).
 
     python benchmarks/amp_learning.py                       # all three modes, MLP [64, 64]
     python benchmarks/amp_learning.py --modes fp32,bf16 --seed 1
@@ -14,20 +14,18 @@ wall time; env steps are what this compares.
 from __future__ import annotations
 
 import argparse
-import time
 
 import ray
 
 import rllib_ext
+from rllib_ext.testing.learning import steps_to_return
 
 HIDDEN = [64, 64]
 
 
-def steps_to_reward(
-    mode: str, *, seed: int = 0, target: float = 450.0, max_steps: int = 200_000
-) -> dict:
-    """Trains until ``env_runners/episode_return_mean >= target``; returns steps and seconds."""
-    cfg = (
+def amp_config(mode: str, *, seed: int = 0):
+    """The PPO CartPole-v1 config every mode shares; ``mode`` is "fp32", "fp16" or "bf16"."""
+    return (
         rllib_ext.PPOConfig()
         .environment("CartPole-v1")
         .env_runners(num_env_runners=1)
@@ -35,27 +33,23 @@ def steps_to_reward(
         .training(amp=False if mode == "fp32" else mode)
         .debugging(seed=seed)
     )
-    algo = cfg.build_algo()
-    start = time.perf_counter()
-    try:
-        while True:
-            result = algo.train()
-            steps = result["num_env_steps_sampled_lifetime"]
-            ret = result["env_runners"]["episode_return_mean"]
-            if ret >= target or steps >= max_steps:
-                break
-        learner = result["learners"]["default_policy"]
-        return {
-            "mode": mode,
-            "reached": ret >= target,
-            "return": ret,
-            "env_steps": int(steps),
-            "wall_s": time.perf_counter() - start,
-            "dtype": learner.get("amp/dtype", "float32"),
-            "skipped_steps": learner.get("amp/skipped_steps_lifetime", 0),
-        }
-    finally:
-        algo.stop()
+
+
+def steps_to_reward(
+    mode: str, *, seed: int = 0, target: float = 450.0, max_steps: int = 200_000
+) -> dict:
+    """Trains until ``env_runners/episode_return_mean >= target``; returns steps and seconds."""
+    report = steps_to_return(amp_config(mode, seed=seed), target=target, max_env_steps=max_steps)
+    learner = report.learners.get("default_policy", {})
+    return {
+        "mode": mode,
+        "reached": report.reached,
+        "return": report.episode_return,
+        "env_steps": report.env_steps,
+        "wall_s": report.wall_s,
+        "dtype": learner.get("amp/dtype", "float32"),
+        "skipped_steps": learner.get("amp/skipped_steps_lifetime", 0),
+    }
 
 
 def main() -> None:

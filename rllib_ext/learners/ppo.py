@@ -123,62 +123,65 @@ class PPOExtTorchLearner(PPOTorchLearner):
 
     # -- update step ------------------------------------------------------------------------
 
+    # Autocast covers RLlib's forward and loss only. `_uncompiled_update` (RLlib 2.58, bound by
+    # TorchLearner.build) runs forward_train -> compute_losses -> compute_gradients ->
+    # postprocess_gradients -> apply_gradients; the three gradient seams below leave the
+    # autocast region again, so backward, clipping and the optimizer step run as without AMP.
+    # No RLlib body is copied; tests/learners/test_amp.py checks the regions op by op.
+
     @override(TorchLearner)
     def _uncompiled_update(self, batch: dict, **kwargs: Any) -> tuple[Any, Any, dict]:
-        """TorchLearner's update step with autocast around forward and loss only."""
+        """TorchLearner's update step, entered under autocast when AMP is on."""
         if not self.amp.enabled:
             return super()._uncompiled_update(batch, **kwargs)
-        self._compute_off_policyness(batch)
         with self.amp.autocast():
-            fwd_out = self.module.forward_train(batch)
-            loss_per_module = self.compute_losses(fwd_out=fwd_out, batch=batch)
-        # Backward outside autocast (PyTorch AMP guidance): ops run in the dtypes autocast
-        # chose for the forward.
-        gradients = self.compute_gradients(loss_per_module)
-        with contextlib.ExitStack() as stack:
-            if self.config.num_learners > 1:
-                for mod in self.module.values():
-                    if isinstance(mod, torch.nn.Module):
-                        stack.enter_context(mod.no_sync())
-            self.apply_gradients(self.postprocess_gradients(gradients))
-        return fwd_out, loss_per_module, {}
+            return super()._uncompiled_update(batch, **kwargs)
+
+    def _outside_autocast(self) -> contextlib.AbstractContextManager:
+        """Leaves the update's autocast region (nothing to leave when AMP is off)."""
+        if not self.amp.enabled:
+            return contextlib.nullcontext()
+        return torch.autocast(self.amp.device.type, enabled=False)
 
     @override(TorchLearner)
     def compute_gradients(
         self, loss_per_module: dict[ModuleID, TensorType], **kwargs: Any
     ) -> ParamDict:
-        if not self.amp.scaling:
-            return super().compute_gradients(loss_per_module, **kwargs)
-        for optim in self._optimizer_parameters:
-            optim.zero_grad(set_to_none=True)
-        self._modules_in_step = tuple(loss_per_module)
-        total_loss = sum(self.amp.scaler(mid).scale(loss) for mid, loss in loss_per_module.items())
-        if isinstance(total_loss, int) or total_loss.grad_fn is None:
-            self._modules_in_step = ()
-            return {}
-        total_loss.backward()
-        return {pid: p.grad for pid, p in self._params.items()}
+        # Backward outside autocast (PyTorch AMP guidance): each op's backward runs in the
+        # dtype autocast chose for its forward.
+        with self._outside_autocast():
+            if not self.amp.scaling:
+                return super().compute_gradients(loss_per_module, **kwargs)
+            # fp16: RLlib's backward of the per-module losses, each multiplied by its scale.
+            scaled = {
+                mid: self.amp.scaler(mid).scale(loss) for mid, loss in loss_per_module.items()
+            }
+            gradients = super().compute_gradients(scaled, **kwargs)
+            self._modules_in_step = tuple(loss_per_module) if gradients else ()
+            return gradients
 
     @override(Learner)
     def postprocess_gradients(self, gradients_dict: ParamDict) -> ParamDict:
-        if self.amp.scaling:
-            # Unscale in place before clipping, so `grad_clip` means what it means in fp32.
-            # GradScaler records inf/nan per optimizer here and `step` will not unscale again.
-            for mid in self._modules_in_step:
-                scaler = self.amp.scaler(mid)
-                for _, optim in self.get_optimizers_for_module(mid):
-                    scaler.unscale_(optim)
-        return super().postprocess_gradients(gradients_dict)
+        with self._outside_autocast():
+            if self.amp.scaling:
+                # Unscale in place before clipping, so `grad_clip` means what it means in fp32.
+                # GradScaler records inf/nan per optimizer here; `step` will not unscale again.
+                for mid in self._modules_in_step:
+                    scaler = self.amp.scaler(mid)
+                    for _, optim in self.get_optimizers_for_module(mid):
+                        scaler.unscale_(optim)
+            return super().postprocess_gradients(gradients_dict)
 
     @override(TorchLearner)
     def apply_gradients(self, gradients_dict: ParamDict) -> None:
-        if self.amp.scaling:
-            self._apply_scaled_gradients(gradients_dict)
-        else:
-            super().apply_gradients(gradients_dict)
-            if self.amp.enabled:
-                for mid in self._module_optimizers:
-                    self._log_amp(mid)
+        with self._outside_autocast():
+            if self.amp.scaling:
+                self._apply_scaled_gradients(gradients_dict)
+            else:
+                super().apply_gradients(gradients_dict)
+                if self.amp.enabled:
+                    for mid in self._module_optimizers:
+                        self._log_amp(mid)
         if self.comm.enabled:
             self.comm.log_stats(self.metrics)
 

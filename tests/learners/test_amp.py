@@ -9,6 +9,7 @@ import pytest
 import torch
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core.columns import Columns
 
 import rllib_ext
 from rllib_ext.learners.amp import cpu_has_native_bf16, resolve_amp_dtype
@@ -50,23 +51,55 @@ def _batch(learner, episodes):
 
 
 def _step(learner, batch, *, inject_inf: bool = False):
-    """One update step through the learner's real code path; returns postprocessed grads."""
-    grads_seen = {}
+    """One update through the learner's real step (RLlib's ``_uncompiled_update`` calling our
+    gradient seams); returns the gradients the optimizer saw (unscaled, clipped)."""
     handles = []
     if inject_inf:
         param = next(iter(learner.module[MID].parameters()))
         handles.append(param.register_hook(lambda g: torch.full_like(g, float("inf"))))
-    learner._compute_off_policyness(batch)
-    with learner.amp.autocast():
-        fwd = learner.module.forward_train(batch)
-        losses = learner.compute_losses(fwd_out=fwd, batch=batch)
-    grads = learner.compute_gradients(losses)
-    post = learner.postprocess_gradients(grads)
-    grads_seen.update({k: v.detach().clone() for k, v in post.items()})
-    learner.apply_gradients(post)
-    for h in handles:
-        h.remove()
-    return grads_seen
+    try:
+        learner._uncompiled_update(batch)
+    finally:
+        for h in handles:
+            h.remove()
+    return {
+        i: p.grad.detach().clone()
+        for i, p in enumerate(learner.module[MID].parameters())
+        if p.grad is not None
+    }
+
+
+@pytest.mark.parametrize("amp", ["bf16", "fp16"])
+def test_autocast_covers_forward_and_loss_only(amp, episodes) -> None:
+    """RLlib's update step runs under autocast; our gradient seams leave it again, so backward
+    and the optimizer step run in fp32 (PyTorch's AMP guidance), as they did without AMP."""
+    algo = _config(amp=amp, grad_clip=0.5).build_algo()
+    try:
+        learner = algo.learner_group._learner
+        batch = _batch(learner, episodes)
+        seen: dict[str, set[bool]] = {}
+
+        def record(phase: str) -> None:
+            seen.setdefault(phase, set()).add(torch.is_autocast_enabled("cpu"))
+
+        linear = next(m for m in learner.module[MID].modules() if isinstance(m, torch.nn.Linear))
+        handles = [
+            linear.register_forward_pre_hook(lambda *_: record("forward")),
+            linear.weight.register_hook(lambda g: record("backward")),
+        ]
+        for _, optim in learner.get_optimizers_for_module(MID):
+            handles.append(optim.register_step_pre_hook(lambda *_: record("optimizer step")))
+        try:
+            fwd_out, _, _ = learner._uncompiled_update(batch)
+        finally:
+            for h in handles:
+                h.remove()
+        assert seen == {"forward": {True}, "backward": {False}, "optimizer step": {False}}
+        want = torch.float16 if amp == "fp16" else torch.bfloat16
+        assert fwd_out[MID][Columns.ACTION_DIST_INPUTS].dtype == want
+        assert not torch.is_autocast_enabled("cpu")  # the region is closed after the step
+    finally:
+        algo.stop()
 
 
 def _params(learner):
