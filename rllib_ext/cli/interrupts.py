@@ -51,6 +51,7 @@ class Signals:
         self._deferring = 0
         self._pending = False
         self._stopping = False
+        self._installed: list[int] = []
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[Signals]:
@@ -58,14 +59,20 @@ class Signals:
             yield self
             return
         previous = {s: signal.getsignal(s) for s in _HANDLED}
-        for s in _HANDLED:
-            if previous[s] is not signal.SIG_IGN:
-                signal.signal(s, self._handle)
+        self._installed = [s for s in _HANDLED if previous[s] is not signal.SIG_IGN]
+        self.reclaim()
         try:
             yield self
         finally:
+            self._installed = []
             for s, handler in previous.items():
                 signal.signal(s, handler)
+
+    def reclaim(self) -> None:
+        """(Re)installs the handlers: call after ``ray.init``, whose core worker installs a C-level
+        SIGTERM handler that would end the process without a checkpoint."""
+        for s in self._installed:
+            signal.signal(s, self._handle)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum is not None:

@@ -399,8 +399,10 @@ def _run(
     try:
         if owns_ray:
             ray.init(**init_kwargs)
+        signals.reclaim()
         segment.build_started = time.perf_counter()
         algo = config.build_algo()
+        signals.reclaim()
         _drop_empty_tune_logdir(algo)
         if plan.resume is not None:
             algo.restore_from_path(str(plan.resume))

@@ -27,6 +27,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,26 +63,32 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A Ray head for this module only (never ``ray stop``: that would end every Ray here)."""
+    """A Ray head for this module only.
+
+    Its own ``--temp-dir``: ``ray start`` writes the cluster address into the temp dir, and in
+    the default one (``/tmp/ray``) every later ``ray.init()`` on the machine would join this
+    cluster. Never ``ray stop``: that would end every Ray on the machine.
+    """
     port = _free_port()
+    temp_dir = tempfile.mkdtemp(prefix="rxf", dir="/tmp")  # short: unix socket paths
     log = (tmp_path_factory.mktemp("ray_head") / "head.log").open("w")
     head = subprocess.Popen(
         [_script("ray"), "start", "--head", f"--port={port}", "--num-cpus=2", "--block"]
-        + ["--include-dashboard=false", "--disable-usage-stats"],
+        + [f"--temp-dir={temp_dir}", "--include-dashboard=false", "--disable-usage-stats"],
         start_new_session=True,
         stdout=log,
         stderr=subprocess.STDOUT,
     )
     address = f"127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        assert head.poll() is None, "ray start --head exited"
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        assert time.monotonic() < deadline, "Ray head did not come up"
-        time.sleep(0.5)
     try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert head.poll() is None, "ray start --head exited"
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert time.monotonic() < deadline, "Ray head did not come up"
+            time.sleep(0.5)
         yield address
     finally:
         os.killpg(head.pid, signal.SIGTERM)  # the head's reaper ends its processes
@@ -89,7 +96,9 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             head.wait(timeout=30)
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
         log.close()
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def _rows(run_dir: Path) -> list[dict]:
