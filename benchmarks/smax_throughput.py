@@ -124,7 +124,8 @@ def main() -> None:
     import ray
     import torch
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # address="local": a new Ray for this run even if another one is up on this machine.
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     learner_threads = torch.get_num_threads()
     torch.set_num_threads(args.sampling_torch_threads)
     out: dict[str, Any] = {
