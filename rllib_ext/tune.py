@@ -11,6 +11,8 @@ written:
   exactly ``config.resources_total``; the difference, if any, is logged;
 * ``metric``/``mode`` default to ``"episode_reward_mean"``/``"max"`` for an RLlib trainable, so
   ``analysis.best_checkpoint`` works as the tutorial uses it;
+* with ``RLLIB_EXT_FIT_RESOURCES=1`` the config is fitted to the machine here, in the driver
+  (Ray's worker processes do not see the driver's environment variables);
 * ``RLLIB_EXT_MAX_ITERATIONS=N`` adds a ``training_iteration`` stop of ``N`` (CI, smoke runs);
 * everything else goes to :func:`ray.tune.run` unchanged. Every other name of ``ray.tune``
   (``Tuner``, ``RunConfig``...) is re-exported from here.
@@ -26,6 +28,8 @@ from typing import Any
 
 from ray import tune as _tune
 from ray.tune import *  # noqa: F403 (the rest of Ray Tune, unchanged)
+
+from rllib_ext.compat.resources import fit_resources_enabled
 
 __all__ = ["MAX_ITERATIONS_ENV", "iteration_cap", "resolve_trainable", "run"]
 
@@ -126,6 +130,12 @@ def run(
             "local_dir=%r -> storage_path=%r (Tune's name since 2.7).", local_dir, storage_path
         )
     if _is_rllib_trainable(trainable):
+        if config is not None and fit_resources_enabled():
+            # Ray's worker processes do not see the driver's environment, so the fitting is
+            # done here and travels in the config Tune hands the trial.
+            config = trainable.get_default_config().update_from_dict(
+                config.to_dict() if hasattr(config, "to_dict") else dict(config)
+            )
         if resources_per_trial is not None:
             _explain_resources_per_trial(trainable, config, resources_per_trial)
             resources_per_trial = None

@@ -137,3 +137,17 @@ def test_missing_new_values_read_nan_and_flattened_results_work() -> None:
     flat = add_legacy_metrics({"env_runners/episode_return_mean": 7.0})
     assert flat["episode_reward_mean"] == 7.0
     assert set(LEGACY_METRICS) <= set(flat)
+
+
+def test_fitting_happens_in_the_driver_for_a_dict_config(
+    recorder: _Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rllib_ext.compat import check_request
+
+    monkeypatch.setenv("RLLIB_EXT_FIT_RESOURCES", "1")
+    tutorial = {"env": "CartPole-v1", "num_gpus": 64, "num_workers": 512, "kl_coeff": 0.3}
+    tune.run("PPO", config=dict(tutorial))
+    config = recorder.calls[0][1]["config"]
+    assert isinstance(config, rllib_ext.PPOConfig)  # Tune turns it into the fitted dict
+    assert config.kl_coeff == 0.3 and config.num_env_runners < 512
+    check_request(config, include_main=True)  # fits what this process sees
