@@ -205,7 +205,8 @@ def fit_to_machine(config: Any, *, have: Machine | None = None) -> dict[str, Any
 
     Rules: learners that want more GPUs than exist become the local learner (on the one GPU, or
     on CPU); CPU learners are cut to the CPUs left after the main process; env runners take the
-    CPUs that are left (0 env runners = sampling in the main process); env runners' GPUs are
+    CPUs that are left, where one would be left it samples in the main process instead (0 env
+    runners); env runners' GPUs are
     dropped when they do not fit; ``comm_backend="nccl"`` becomes ``"auto"`` (gloo) for CPU
     learners. One CPU always stays with the main process.
 
@@ -248,6 +249,10 @@ def fit_to_machine(config: Any, *, have: Machine | None = None) -> dict[str, Any
         changes["num_gpus_per_env_runner"] = (gpr, 0)
     cpu_left = have.cpu - main_cpu - n_learners * cpl
     max_runners = max(0, int(math.floor(cpu_left / cpr))) if cpr > 0 else n_runners
+    if max_runners == 1:
+        # One remote env runner samples no faster than the main process (RLLIB_NOTES §7), and
+        # only a remote one can time out (sample_timeout_s) while a slow env compiles.
+        max_runners = 0
     if n_runners > max_runners:
         changes["num_env_runners"] = (n_runners, max_runners)
     learner_keys = ("num_learners", "num_gpus_per_learner")

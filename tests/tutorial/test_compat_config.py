@@ -200,7 +200,7 @@ def test_check_without_main_process_counts_a_local_learners_gpu() -> None:
 @pytest.mark.parametrize(
     "have, learners, runners",
     [
-        (Machine(cpu=2, gpu=0, where="m"), (0, 0), 1),
+        (Machine(cpu=2, gpu=0, where="m"), (0, 0), 0),  # 1 remote runner -> main process
         (Machine(cpu=4, gpu=0, where="m"), (0, 0), 3),
         (Machine(cpu=16, gpu=1, where="m"), (0, 1), 6),
         (Machine(cpu=16, gpu=8, where="m"), (2, 1), 6),
@@ -221,6 +221,9 @@ def test_fit_cuts_cpu_learners_and_nccl(caplog: pytest.LogCaptureFixture) -> Non
         changes = fit_to_machine(config, have=Machine(cpu=3, gpu=0, where="a test cluster"))
     assert changes["comm_backend"] == ("nccl", "auto")
     assert (config.num_learners, config.num_env_runners) == (0, 2)
+    assert fit_to_machine(config, have=Machine(cpu=2, gpu=0, where="m")) == {
+        "num_env_runners": (2, 0)
+    }
     assert "a test cluster (3 CPUs, 0 GPUs)" in caplog.text
     config.validate()  # nccl with CPU learners would be refused
 
