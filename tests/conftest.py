@@ -16,6 +16,8 @@ def ray_session():
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+        # address="local": always a fresh Ray for the tests, never one that another
+        # process started on this machine (a stale /tmp/ray/ray_current_cluster included).
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
