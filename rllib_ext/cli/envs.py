@@ -194,6 +194,7 @@ def configure_env(config: Any, settings: Any) -> None:
     (fault isolation unless ``--restart-failed-env-runners false``, ``--non-finite``) and
     RLlib's ``restart_failed_env_runners`` follow the settings.
     """
+    import gymnasium as gym
     from ray.rllib.env.multi_agent_env import MultiAgentEnv
     from ray.tune.registry import ENV_CREATOR, _global_registry, register_env
 
@@ -206,13 +207,14 @@ def configure_env(config: Any, settings: Any) -> None:
             if kind == "module":
                 importlib.import_module(env.partition(":")[0])
             register_env(env, base_env_creator(env))
-        if kind == "classpath" and issubclass(_env_class(env, "--env"), MultiAgentEnv):
-            from rllib_ext.smac_config import SHARED_POLICY_ID, shared_policy_mapping
+    # Decided on the name, not on the registry: a class path registered earlier in this
+    # process (an earlier run, the pre-Ray check) must still get its shared policy.
+    is_class_path = ":" not in env and "." in env and env not in gym.registry
+    if is_class_path and issubclass(_env_class(env, "--env"), MultiAgentEnv):
+        from rllib_ext.smac_config import SHARED_POLICY_ID, shared_policy_mapping
 
-            if not config.is_multi_agent:
-                config.multi_agent(
-                    policies={SHARED_POLICY_ID}, policy_mapping_fn=shared_policy_mapping
-                )
+        if not config.is_multi_agent:
+            config.multi_agent(policies={SHARED_POLICY_ID}, policy_mapping_fn=shared_policy_mapping)
     config.fault_tolerance(restart_failed_env_runners=settings.restart_failed_env_runners)
     guard_env(
         config,
