@@ -32,7 +32,7 @@ def _load(name: str):
 def test_compressed_allreduce_maps_the_tutorial_communication_block(compression: str) -> None:
     example = _load("compressed_allreduce")
     args = argparse.Namespace(
-        backend="AUTO", gpus_per_learner=0, num_env_runners=0, seed=0, compression=compression
+        backend="AUTO", num_gpus_per_learner=0, num_env_runners=0, seed=0, compression=compression
     )
     config = example.build_config(args)
     config.validate()
@@ -46,7 +46,7 @@ def test_compressed_allreduce_maps_the_tutorial_communication_block(compression:
 def test_smac_example_relies_on_the_automatic_smac_setup() -> None:
     example = _load("smac_3s5z_vs_3s6z")
     args = argparse.Namespace(
-        gpus_per_learner=0,
+        num_gpus_per_learner=0,
         train_batch_size=400,
         minibatch_size=200,
         lr=5e-4,
