@@ -72,6 +72,19 @@ class MaskedDiscrete(gym.spaces.Discrete):
         return state
 
 
+def agent_observation_space(spec: Any, *, include_state: bool) -> gym.spaces.Dict:
+    """One agent's observation space: ``observations`` (obs_dim,), ``action_mask``
+    (n_actions,) of 0/1 and, with ``include_state``, the global ``state`` (state_dim,); float32."""
+    unbounded = np.float32(np.inf)
+    components: dict[str, gym.Space] = {
+        "observations": gym.spaces.Box(-unbounded, unbounded, (spec.obs_dim,), np.float32),
+        "action_mask": gym.spaces.Box(0.0, 1.0, (spec.n_actions,), np.float32),
+    }
+    if include_state:
+        components["state"] = gym.spaces.Box(-unbounded, unbounded, (spec.state_dim,), np.float32)
+    return gym.spaces.Dict(components)
+
+
 def derive_seed(seed: int | None, worker_index: int, vector_index: int) -> int | None:
     """A distinct, reproducible seed per env copy (``None`` stays ``None``)."""
     if seed is None:
@@ -105,16 +118,7 @@ class SMACEnv(MultiAgentEnv):
         spec = self.backend.spec
         self.possible_agents = [f"agent_{i}" for i in range(spec.n_agents)]
         self.agents = list(self.possible_agents)
-        unbounded = np.float32(np.inf)
-        components: dict[str, gym.Space] = {
-            "observations": gym.spaces.Box(-unbounded, unbounded, (spec.obs_dim,), np.float32),
-            "action_mask": gym.spaces.Box(0.0, 1.0, (spec.n_actions,), np.float32),
-        }
-        if self.settings.include_state:
-            components["state"] = gym.spaces.Box(
-                -unbounded, unbounded, (spec.state_dim,), np.float32
-            )
-        observation_space = gym.spaces.Dict(components)
+        observation_space = agent_observation_space(spec, include_state=self.settings.include_state)
         self.observation_spaces = dict.fromkeys(self.possible_agents, observation_space)
         self_ref = weakref.ref(self)
         self.action_spaces = {

@@ -30,7 +30,7 @@ import numpy as np
 from ray.rllib.env.vector.vector_multi_agent_env import VectorMultiAgentEnv
 from ray.rllib.utils.annotations import override
 
-from rllib_ext.envs.smac.env import MaskedDiscrete, derive_seed
+from rllib_ext.envs.smac.env import MaskedDiscrete, agent_observation_space, derive_seed
 from rllib_ext.envs.smac.settings import SMACEnvSettings
 from rllib_ext.envs.smac.smax import SMAXBackend, _compile
 
@@ -139,16 +139,7 @@ class SMAXVectorEnv(VectorMultiAgentEnv):
         )
         self.possible_agents = [f"agent_{i}" for i in range(spec.n_agents)]
         self.agents = list(self.possible_agents)
-        unbounded = np.float32(np.inf)
-        components: dict[str, gym.Space] = {
-            "observations": gym.spaces.Box(-unbounded, unbounded, (spec.obs_dim,), np.float32),
-            "action_mask": gym.spaces.Box(0.0, 1.0, (spec.n_actions,), np.float32),
-        }
-        if self.settings.include_state:
-            components["state"] = gym.spaces.Box(
-                -unbounded, unbounded, (spec.state_dim,), np.float32
-            )
-        observation_space = gym.spaces.Dict(components)
+        observation_space = agent_observation_space(spec, include_state=self.settings.include_state)
         self.single_observation_spaces = dict.fromkeys(self.possible_agents, observation_space)
         self.single_action_spaces = {
             agent: MaskedDiscrete(spec.n_actions) for agent in self.possible_agents
