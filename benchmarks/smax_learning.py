@@ -215,6 +215,9 @@ def _config(args: argparse.Namespace) -> Any:
         .env_runners(
             num_env_runners=args.num_env_runners,
             num_envs_per_env_runner=args.envs_per_runner,
+            # The first sample call compiles the jitted SMAX step; on a busy 2-core machine
+            # that can exceed RLlib's 60 s default and return an empty iteration.
+            sample_timeout_s=600.0,
         )
         .training(
             train_batch_size_per_learner=args.train_batch_size,
@@ -286,7 +289,7 @@ def learn(args: argparse.Namespace) -> None:
     try:
         while True:
             result = algo.train()
-            runners = result["env_runners"]
+            runners = result.get("env_runners", {})  # absent when a sample call timed out
             steps = int(result["num_env_steps_sampled_lifetime"])
             iteration = int(result["training_iteration"])
             win_rate = float(runners.get("win_rate", float("nan")))
