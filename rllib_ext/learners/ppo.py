@@ -9,7 +9,10 @@ Components, each switched on by its settings (``rllib_ext.settings``):
   ``torch.amp.GradScaler`` per module, gradients unscaled before ``grad_clip``, steps with
   inf/nan gradients skipped (see ``rllib_ext.learners.amp``);
 * gradient compression: a DDP comm hook per module when ``num_learners >= 2``
-  (see ``rllib_ext.learners.comm``).
+  (see ``rllib_ext.learners.comm``);
+* per-module options of :class:`rllib_ext.modules.MaskedPPOTorchRLModule` (``model_config``):
+  ``death_masking`` puts ``DeathMask`` before the GAE piece; ``value_norm`` puts
+  ``UpdateValueNorm`` after it and computes the value loss on normalized values and targets.
 """
 
 from __future__ import annotations
@@ -23,14 +26,18 @@ from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
 from ray.rllib.connectors.learner import GeneralAdvantageEstimation
 from ray.rllib.core.learner.learner import Learner
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
+from ray.rllib.evaluation.postprocessing import Postprocessing
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.typing import ModuleID, ParamDict, StateDict, TensorType
 
 from rllib_ext.config_checks import check_algorithm_config
 from rllib_ext.connectors.batching import install_vectorized_batching
+from rllib_ext.connectors.death_mask import DeathMask, wants_death_masking
 from rllib_ext.connectors.gae import VectorizedGAE
+from rllib_ext.connectors.value_norm import UpdateValueNorm, value_norms
 from rllib_ext.learners.amp import AMPState, resolve_amp_dtype
 from rllib_ext.learners.comm import CommCompression
+from rllib_ext.modules.value_norm import ValueNormAPI
 from rllib_ext.settings import ExtensionSettings
 
 __all__ = ["PPOExtTorchLearner"]
@@ -75,6 +82,7 @@ class PPOExtTorchLearner(PPOTorchLearner):
         self._modules_in_step: tuple[ModuleID, ...] = ()
         self._install_gae()
         self._install_batching()
+        self._install_module_options()
 
     def _install_batching(self) -> None:
         if (
@@ -110,6 +118,33 @@ class PPOExtTorchLearner(PPOTorchLearner):
         )
         self._learner_connector.remove(GeneralAdvantageEstimation)
 
+    def _install_module_options(self) -> None:
+        """``DeathMask`` before and ``UpdateValueNorm`` after the GAE piece, where modules ask."""
+        want_mask = any(
+            wants_death_masking(self.module[mid].unwrapped()) for mid in self.module.keys()
+        )
+        want_norm = bool(value_norms(self.module))
+        if not (want_mask or want_norm):
+            return
+        pipeline = self._learner_connector
+        pieces = [] if pipeline is None else list(pipeline.connectors)
+        gae = next((p for p in pieces if isinstance(p, GeneralAdvantageEstimation)), None)
+        if pipeline is None or gae is None:
+            raise ValueError(
+                "model_config death_masking=True / value_norm=True need the learner's own "
+                "connector pipeline with its GAE piece, but it has none (num_aggregator_actors_"
+                f"per_learner={self.config.num_aggregator_actors_per_learner}, add_default_"
+                "connectors_to_learner_pipeline="
+                f"{self.config.add_default_connectors_to_learner_pipeline}). Fix: keep "
+                "num_aggregator_actors_per_learner=0 and the default connectors, or turn the "
+                "options off."
+            )
+        classes = [type(p) for p in pieces]
+        if want_mask and DeathMask not in classes:
+            pipeline.insert_before(type(gae), DeathMask())
+        if want_norm and UpdateValueNorm not in classes:
+            pipeline.insert_after(type(gae), UpdateValueNorm())
+
     @override(TorchLearner)
     def _make_modules_ddp_if_necessary(self) -> None:
         super()._make_modules_ddp_if_necessary()
@@ -119,7 +154,42 @@ class PPOExtTorchLearner(PPOTorchLearner):
     def add_module(self, **kwargs: Any) -> Any:
         spec = super().add_module(**kwargs)
         self.comm.register(self.module)
+        self._install_module_options()
         return spec
+
+    # -- loss -------------------------------------------------------------------------------
+
+    @override(PPOTorchLearner)
+    def compute_loss_for_module(
+        self,
+        *,
+        module_id: ModuleID,
+        config: Any,
+        batch: dict[str, Any],
+        fwd_out: dict[str, TensorType],
+    ) -> TensorType:
+        """RLlib's PPO loss; with value norm, its value terms in normalized units.
+
+        The targets are normalized with the statistics ``UpdateValueNorm`` moved for this
+        training batch and the module's ``compute_values`` returns the head's normalized output
+        (``normalized_values()``), so ``vf_loss``, ``vf_clip_param`` and ``vf_explained_var``
+        are on the normalized scale (MAPPO's loss).
+        """
+        module = self.module[module_id].unwrapped()
+        norm = getattr(module, "value_norm", None) if isinstance(module, ValueNormAPI) else None
+        if norm is None or not config.use_critic:
+            return super().compute_loss_for_module(
+                module_id=module_id, config=config, batch=batch, fwd_out=fwd_out
+            )
+        # A shallow copy: the minibatch itself keeps the targets in return units.
+        normalized = dict(batch)
+        normalized[Postprocessing.VALUE_TARGETS] = norm.normalize(
+            batch[Postprocessing.VALUE_TARGETS]
+        )
+        with module.normalized_values():
+            return super().compute_loss_for_module(
+                module_id=module_id, config=config, batch=normalized, fwd_out=fwd_out
+            )
 
     # -- update step ------------------------------------------------------------------------
 

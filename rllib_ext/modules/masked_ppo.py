@@ -15,6 +15,15 @@ Observation contract (what :class:`rllib_ext.envs.smac.SMACEnv` emits per agent)
   like MAPPO's centralised value function (Yu et al. 2022, https://arxiv.org/abs/2103.01955).
   Execution stays decentralised: env runners build the module ``inference_only`` and drop the
   critic; ``"state"`` is only read in training.
+* ``model_config={"value_norm": True}`` (``"value_norm_beta"``, default 0.99999): the value head
+  learns normalized targets (MAPPO's ValueNorm, :mod:`rllib_ext.modules.value_norm`);
+  ``compute_values`` returns de-normalized values, so GAE and bootstrapping see returns.
+  The statistics are buffers of this module (checkpoints, weight sync).
+* ``model_config={"death_masking": True}``: ``PPOExtTorchLearner`` drops dead agents' rows from
+  the PPO loss (:mod:`rllib_ext.connectors.death_mask` holds the rule).
+
+Both need ``PPOExtTorchLearner`` (``rllib_ext.PPOConfig``'s learner), which reads them from the
+module; RLlib's own ``PPOTorchLearner`` ignores them (value norm then stays the identity).
 
 Works with one shared policy for all agents (``MultiRLModuleSpec`` with one module) or one per
 agent; see :func:`rllib_ext.modules.smac_module_spec`. Pattern after RLlib's
@@ -36,7 +45,16 @@ from ray.rllib.core.rl_module.apis.value_function_api import ValueFunctionAPI
 from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 from ray.rllib.utils.annotations import override
 
-__all__ = ["CENTRAL_CRITIC_KEY", "MaskedPPOTorchRLModule"]
+from rllib_ext.connectors.death_mask import DEATH_MASKING_KEY
+from rllib_ext.modules.value_norm import VALUE_NORM_KEY, ValueNormAPI, check_value_norm_options
+
+__all__ = [
+    "CENTRAL_CRITIC_KEY",
+    "DEATH_MASKING_KEY",
+    "VALUE_NORM_KEY",
+    "MaskedPPOTorchRLModule",
+    "check_masked_module_options",
+]
 
 CENTRAL_CRITIC_KEY = "central_critic"
 
@@ -51,12 +69,37 @@ _SPACE_HELP = (
 def _model_config_dict(model_config: Any) -> dict[str, Any]:
     if model_config is None:
         return {}
-    if dataclasses.is_dataclass(model_config):
+    if dataclasses.is_dataclass(model_config) and not isinstance(model_config, type):
         return dataclasses.asdict(model_config)
     return dict(model_config)
 
 
-class MaskedPPOTorchRLModule(DefaultPPOTorchRLModule):
+def check_masked_module_options(model_config: Any) -> dict[str, Any]:
+    """Validates the options this module adds to ``model_config``; returns them as a dict.
+
+    Keys: ``central_critic``, ``value_norm``, ``value_norm_beta``, ``death_masking``.
+
+    Raises:
+        ValueError: a bad value (names it and the allowed values).
+    """
+    config = _model_config_dict(model_config)
+    for key in (CENTRAL_CRITIC_KEY, DEATH_MASKING_KEY):
+        value = config.get(key, False)
+        if not isinstance(value, bool):
+            raise ValueError(
+                f"model_config['{key}']={value!r}; allowed: True, False. "
+                f"Fix: model_config={{'{key}': True}}."
+            )
+    value_norm, beta = check_value_norm_options(config)
+    return {
+        CENTRAL_CRITIC_KEY: config.get(CENTRAL_CRITIC_KEY, False),
+        VALUE_NORM_KEY: value_norm,
+        "value_norm_beta": beta,
+        DEATH_MASKING_KEY: config.get(DEATH_MASKING_KEY, False),
+    }
+
+
+class MaskedPPOTorchRLModule(DefaultPPOTorchRLModule, ValueNormAPI):
     """PPO RLModule for ``Dict`` observations with an action mask (see module docstring)."""
 
     def __init__(
@@ -78,11 +121,8 @@ class MaskedPPOTorchRLModule(DefaultPPOTorchRLModule):
                 f"MaskedPPOTorchRLModule got observation_space={observation_space}. " + _SPACE_HELP
             )
         config = _model_config_dict(model_config)
-        central = config.get(CENTRAL_CRITIC_KEY, False)
-        if not isinstance(central, bool):
-            raise ValueError(
-                f"model_config['{CENTRAL_CRITIC_KEY}']={central!r}; allowed: True, False."
-            )
+        options = check_masked_module_options(config)
+        central = options[CENTRAL_CRITIC_KEY]
         if central and "state" not in observation_space.spaces:
             raise ValueError(
                 f"model_config['{CENTRAL_CRITIC_KEY}']=True needs a 'state' entry in the "
@@ -96,6 +136,7 @@ class MaskedPPOTorchRLModule(DefaultPPOTorchRLModule):
         # Set before nn.Module.__init__: plain attributes, not parameters (RLlib's pattern).
         self._full_observation_space = observation_space
         self._central_critic = central
+        self._death_masking = options[DEATH_MASKING_KEY]
         super().__init__(
             observation_space=observation_space["observations"],
             action_space=action_space,
@@ -113,12 +154,18 @@ class MaskedPPOTorchRLModule(DefaultPPOTorchRLModule):
         """Whether the value head reads the global state."""
         return self._central_critic
 
+    @property
+    def death_masking(self) -> bool:
+        """Whether the learner drops dead agents' rows from the loss."""
+        return self._death_masking
+
     @override(DefaultPPOTorchRLModule)
     def setup(self) -> None:
         if self._central_critic:
             # The observation-based critic encoder would never be used: share it away.
             self.catalog.actor_critic_encoder_config.shared = True
         super().setup()
+        self.setup_value_norm(_model_config_dict(self.model_config))
         if self._central_critic:
             defaults = dataclasses.asdict(DefaultModelConfig())
             config = defaults | _model_config_dict(self.model_config)
@@ -131,7 +178,7 @@ class MaskedPPOTorchRLModule(DefaultPPOTorchRLModule):
 
     @override(DefaultPPOTorchRLModule)
     def get_non_inference_attributes(self) -> list[str]:
-        names = super().get_non_inference_attributes()
+        names = [*super().get_non_inference_attributes(), VALUE_NORM_KEY]
         return [*names, "central_critic_encoder"] if self._central_critic else names
 
     def _split(self, batch: dict[str, Any]) -> tuple[dict[str, Any], torch.Tensor, Any]:
@@ -172,9 +219,12 @@ class MaskedPPOTorchRLModule(DefaultPPOTorchRLModule):
 
     @override(ValueFunctionAPI)
     def compute_values(self, batch: dict[str, Any], embeddings: Any = None) -> torch.Tensor:
+        # De-normalized with value norm on (see ValueNormAPI.values_from_head).
         if embeddings is not None:
-            return super().compute_values(batch, embeddings)
+            return self.values_from_head(super().compute_values(batch, embeddings))
         inner, _, state = self._split(batch)
         if self._central_critic:
-            return super().compute_values(inner, self._state_embeddings(state))
-        return super().compute_values(inner)
+            return self.values_from_head(
+                super().compute_values(inner, self._state_embeddings(state))
+            )
+        return self.values_from_head(super().compute_values(inner))

@@ -1,0 +1,71 @@
+"""Real RLlib runs on SMAX 3m with value normalization and death masking on (slow)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ray.rllib.algorithms.algorithm import Algorithm
+
+import rllib_ext
+from rllib_ext.envs import register_envs
+
+pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.slow]
+
+MID = "shared_policy"
+NORM_KEYS = ("value_norm.running_mean", "value_norm.running_mean_sq", "value_norm.debiasing_term")
+
+
+def _config():
+    register_envs()
+    return (
+        rllib_ext.PPOConfig()
+        .environment("smax", env_config={"map_name": "3m", "seed": 0})
+        .rl_module(
+            model_config={
+                "fcnet_hiddens": [32, 32],
+                "central_critic": True,
+                "value_norm": True,
+                "death_masking": True,
+            }
+        )
+        .env_runners(num_env_runners=1, num_envs_per_env_runner=4)
+        .training(train_batch_size_per_learner=600, minibatch_size=200, num_epochs=2)
+        .debugging(seed=0)
+    )
+
+
+def _norm_state(algo: Algorithm) -> dict[str, torch.Tensor]:
+    module = algo.learner_group._learner.module[MID].unwrapped()
+    return {key: value.clone() for key, value in module.state_dict().items() if key in NORM_KEYS}
+
+
+def test_smax_3m_two_iterations_and_the_statistics_survive_a_checkpoint(tmp_path):
+    pytest.importorskip("jaxmarl", reason='needs jaxmarl: pip install "rllib-ext[smax]"')
+    algo = _config().build_algo()
+    try:
+        for _ in range(2):
+            result = algo.train()
+        learner_results = result["learners"][MID]
+        # One update per training batch, from real value targets (SMAX returns are > 0).
+        assert learner_results["value_norm/mean"] > 0.0
+        assert learner_results["value_norm/std"] > 0.0
+        assert 0.0 <= learner_results["death_mask/dead_fraction"] < 1.0
+        state = _norm_state(algo)
+        beta = algo.learner_group._learner.module[MID].unwrapped().value_norm.beta
+        torch.testing.assert_close(
+            state["value_norm.debiasing_term"],
+            torch.tensor(1 - beta**2, dtype=torch.float64),  # exactly two updates
+        )
+        algo.save_to_path(tmp_path)
+    finally:
+        algo.stop()
+    restored = Algorithm.from_checkpoint(tmp_path)
+    try:
+        for key, value in _norm_state(restored).items():
+            torch.testing.assert_close(value, state[key], rtol=0, atol=0)
+        # The restored learner keeps updating from there.
+        restored.train()
+        after = _norm_state(restored)["value_norm.debiasing_term"]
+        torch.testing.assert_close(after, torch.tensor(1 - beta**3, dtype=torch.float64))
+    finally:
+        restored.stop()
