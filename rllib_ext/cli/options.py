@@ -13,13 +13,26 @@ No Ray or torch import: ``rllib-ext --help`` builds its parser from this table.
 
 from __future__ import annotations
 
-import json
-import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from rllib_ext._validation import Bounds, SettingSpec, is_allowed
+from rllib_ext.cli.values import (
+    as_bool,
+    choice,
+    choice_names,
+    display,
+    float_value,
+    fraction,
+    int_at_least,
+    json_object,
+    number,
+    one_of,
+    optional,
+    parse_set_value,
+    text,
+)
 from rllib_ext.settings import setting_specs
 
 __all__ = [
@@ -32,156 +45,6 @@ __all__ = [
     "display",
     "parse_set_value",
 ]
-
-# --------------------------------------------------------------------------------------------
-# Value converters. Each takes a command-line string or a YAML value and returns the typed
-# value or raises ValueError(reason); the caller adds where the value came from and the fix.
-
-
-def _reject_bool(value: Any) -> None:
-    # YAML `yes`/`true` load as bool, and bool is an int subclass: never a count.
-    if isinstance(value, bool):
-        raise ValueError("a boolean is not a number")
-
-
-def _int_at_least(minimum: int) -> Callable[[Any], int]:
-    def convert(value: Any) -> int:
-        _reject_bool(value)
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        try:
-            number = int(value) if not isinstance(value, float) else math.nan
-        except (TypeError, ValueError):
-            number = math.nan
-        if isinstance(number, float) or number < minimum:
-            raise ValueError(f"must be an integer >= {minimum}")
-        return number
-
-    return convert
-
-
-def _optional(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    def optional(value: Any) -> Any:
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
-            return None
-        return convert(value)
-
-    return optional
-
-
-def _float_value(*, positive: bool = False, minimum: float | None = None) -> Callable[[Any], float]:
-    def convert(value: Any) -> float:
-        _reject_bool(value)
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise ValueError("must be a number") from None
-        if not math.isfinite(number):
-            raise ValueError("must be a finite number")
-        if positive and number <= 0:
-            raise ValueError("must be > 0")
-        if minimum is not None and number < minimum:
-            raise ValueError(f"must be >= {minimum:g}")
-        return number
-
-    return convert
-
-
-def _fraction(value: Any) -> float:
-    number = _float_value()(value)
-    if not 0.0 <= number <= 1.0:
-        raise ValueError("must be a fraction between 0 and 1")
-    return number
-
-
-def _text(value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise ValueError("must be a non-empty string")
-    return value
-
-
-def _json_object(value: Any) -> dict[str, Any]:
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"is not valid JSON ({exc.msg} at column {exc.colno})") from None
-    if not isinstance(value, Mapping):
-        raise ValueError(f"must be a JSON object ({{...}}), got {type(value).__name__}")
-    return dict(value)
-
-
-def display(value: Any) -> str:
-    """How a setting value is spelled on the command line (``False`` -> ``off``, ``None`` ->
-    ``none``, booleans ``true``/``false``)."""
-    if value is None:
-        return "none"
-    if value is False:
-        return "false"
-    if value is True:
-        return "true"
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def _choice_names(spec: SettingSpec) -> dict[str, Any]:
-    # `amp`'s off value is False: spelled "off" there, like "none" for grad_compression.
-    return {("off" if c is False else display(c)): c for c in spec.choices}
-
-
-def _choice(spec: SettingSpec) -> Callable[[Any], Any]:
-    names = _choice_names(spec)
-
-    def convert(value: Any) -> Any:
-        if isinstance(value, str) and value in names:
-            return names[value]
-        if not isinstance(value, str) and is_allowed(value, spec.choices):
-            return value
-        raise ValueError(f"is not supported; allowed values: {', '.join(names)}")
-
-    return convert
-
-
-_TRUE = ("true", "yes", "on", "1")
-_FALSE = ("false", "no", "off", "0")
-
-
-def _bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in _TRUE + _FALSE:
-        return value.lower() in _TRUE
-    raise ValueError("must be true or false")
-
-
-def _number(bounds: Bounds) -> Callable[[Any], Any]:
-    def convert(value: Any) -> Any:
-        _reject_bool(value)
-        number: Any = value
-        if isinstance(value, str):
-            try:
-                number = int(value) if bounds.integer else float(value)
-            except ValueError:
-                number = math.nan
-        elif bounds.integer and isinstance(value, float) and value.is_integer():
-            number = int(value)
-        if not bounds.contains(number):
-            raise ValueError(f"must be {bounds.describe()}")
-        return number
-
-    return convert
-
-
-def parse_set_value(text: str) -> Any:
-    """The value of ``--set key=VALUE``: JSON (numbers, true/false/null, lists, objects) or
-    else the text itself (``--set amp=bf16``)."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
-
-# --------------------------------------------------------------------------------------------
-# The option table.
 
 
 @dataclass(frozen=True)
@@ -227,7 +90,7 @@ GROUPS: dict[str, str] = {
 CORE_OPTIONS: tuple[Option, ...] = (
     Option(
         "env",
-        convert=_text,
+        convert=text,
         default="CartPole-v1",
         help="gymnasium id, 'module:EnvId-v0', a Ray-registered env name or a "
         "'pkg.module.Class' path",
@@ -237,7 +100,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "env_config",
-        convert=_json_object,
+        convert=json_object,
         default={},
         help="env keyword arguments as a JSON object",
         example="'{\"max_episode_steps\": 200}'",
@@ -246,7 +109,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "stop_reward",
-        convert=_optional(_float_value()),
+        convert=optional(float_value()),
         default=450.0,
         help="stop once env_runners/episode_return_mean reaches this ('none': never)",
         example="450",
@@ -256,7 +119,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "stop_win_rate",
-        convert=_optional(_fraction),
+        convert=optional(fraction),
         default=None,
         help="SMAC envs: stop once env_runners/win_rate (battles won by the training policy "
         "over RLlib's smoothing window of episodes) reaches this fraction",
@@ -267,7 +130,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "stop_timesteps",
-        convert=_optional(_int_at_least(1)),
+        convert=optional(int_at_least(1)),
         default=None,
         help="stop after this many sampled env steps (lifetime, also across --resume)",
         example="100000",
@@ -277,7 +140,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "time_budget",
-        convert=_optional(_float_value(positive=True)),
+        convert=optional(float_value(positive=True)),
         default=None,
         help="stop after this many seconds of training (checked after each iteration)",
         example="600",
@@ -287,7 +150,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "num_env_runners",
-        convert=_int_at_least(0),
+        convert=int_at_least(0),
         default=0,
         help="remote EnvRunner actors (0: sample in the driver process, best on 2 cores)",
         example="0",
@@ -296,7 +159,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "num_envs_per_env_runner",
-        convert=_int_at_least(1),
+        convert=int_at_least(1),
         default=8,
         help="vectorized env copies per EnvRunner (cheap envs sample much faster batched)",
         example="8",
@@ -305,7 +168,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "num_learners",
-        convert=_int_at_least(0),
+        convert=int_at_least(0),
         default=0,
         help="remote Learner actors (0: one learner in the driver process)",
         example="0",
@@ -314,7 +177,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "num_gpus_per_learner",
-        convert=_float_value(minimum=0.0),
+        convert=float_value(minimum=0.0),
         default=0.0,
         help="GPUs per learner (with --num-learners 0: 1 means the driver's learner uses a GPU)",
         example="0",
@@ -323,7 +186,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "training",
-        convert=_json_object,
+        convert=json_object,
         default={},
         help="PPOConfig.training() arguments as a JSON object, e.g. '{\"lr\": 1e-4}', over the "
         "CartPole-tuned defaults (lr 3e-4, train_batch_size 2000, minibatch_size 250, num_epochs "
@@ -334,7 +197,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "model_config",
-        convert=_json_object,
+        convert=json_object,
         default={},
         help="RLModule model_config as a JSON object (merged over a preset's), e.g. "
         '\'{"fcnet_hiddens": [256, 256]}\'; SMAC envs also take "central_critic": true',
@@ -345,7 +208,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "checkpoint_dir",
-        convert=_optional(_text),
+        convert=optional(text),
         default=None,
         help="where checkpoints go",
         example="checkpoints",
@@ -355,7 +218,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "checkpoint_freq",
-        convert=_int_at_least(0),
+        convert=int_at_least(0),
         default=10,
         help="checkpoint every N iterations (0: only at the end); always once at the end",
         example="10",
@@ -364,7 +227,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "resume",
-        convert=_optional(_text),
+        convert=optional(text),
         default=None,
         help="restore this checkpoint (or run directory) and continue training",
         example="PATH",
@@ -374,7 +237,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "address",
-        convert=_optional(_text),
+        convert=optional(text),
         default=None,
         help="join this Ray cluster (ray.init(address=...)) instead of starting a local Ray",
         example="auto",
@@ -384,7 +247,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "seed",
-        convert=_optional(_int_at_least(0)),
+        convert=optional(int_at_least(0)),
         default=None,
         help="random seed, recorded in summary.json",
         example="0",
@@ -394,7 +257,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "run_dir",
-        convert=_optional(_text),
+        convert=optional(text),
         default=None,
         help="output directory",
         example="runs/cartpole",
@@ -405,7 +268,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
     # Fault handling (rllib_ext.envs.guard, rllib_ext.learners.health).
     Option(
         "restart_failed_env_runners",
-        convert=_bool,
+        convert=as_bool,
         default=True,
         help="a crashing env costs only its episode: the env copy is re-created (and a dead "
         "env runner restarted); false: an env error fails the run",
@@ -415,7 +278,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "non_finite",
-        convert=lambda value: _one_of(value, ("warn", "drop")),
+        convert=lambda value: one_of(value, ("warn", "drop")),
         default="warn",
         help="nan/inf env rewards or observations: 'warn' (one line per episode) or 'drop' "
         "(warn and drop the episode)",
@@ -425,7 +288,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "learner_timeout",
-        convert=_float_value(positive=True),
+        convert=float_value(positive=True),
         default=600.0,
         help="fail the run when a learner shows no sign of life for this many seconds",
         example="600",
@@ -436,24 +299,18 @@ CORE_OPTIONS: tuple[Option, ...] = (
 )
 
 
-def _one_of(value: Any, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
-        raise ValueError(f"is not supported; allowed values: {', '.join(allowed)}")
-    return str(value)
-
-
 def _extension_option(spec: SettingSpec) -> Option:
     if spec.kind == "choice":
-        names = _choice_names(spec)
-        convert, metavar = _choice(spec), "{" + ",".join(names) + "}"
+        names = choice_names(spec)
+        convert, metavar = choice(spec), "{" + ",".join(names) + "}"
         default_text = next(n for n, c in names.items() if is_allowed(c, (spec.default,)))
         example = next(n for n, c in names.items() if is_allowed(c, (spec.example,)))
     elif spec.kind == "bool":
-        convert, metavar, default_text = _bool, "{true,false}", display(spec.default)
+        convert, metavar, default_text = as_bool, "{true,false}", display(spec.default)
         example = display(spec.example)
     else:
         bounds = spec.bounds or Bounds(integer=spec.kind == "int")
-        convert, metavar = _number(bounds), "N" if bounds.integer else "X"
+        convert, metavar = number(bounds), "N" if bounds.integer else "X"
         default_text, example = display(spec.default), display(spec.example)
     return Option(
         spec.name,

@@ -88,11 +88,9 @@ class ProgressReporter:
         initial_env_steps: int = 0,
         enabled: bool | None = None,
     ) -> None:
-        self._criteria = {
-            "stop_reward": stop_reward,
-            "stop_timesteps": stop_timesteps,
-            "time_budget": time_budget,
-        }
+        self._stop_reward = stop_reward
+        self._stop_timesteps = stop_timesteps
+        self._time_budget = time_budget
         self.history: list[IterationStats] = []
         use_bar = sys.stderr.isatty() if enabled is None else enabled
         self._bar = None
@@ -121,7 +119,12 @@ class ProgressReporter:
     def update(self, stats: IterationStats) -> None:
         previous = self.history[-1].env_steps if self.history else None
         self.history.append(stats)
-        eta = estimate_eta(self.history, **self._criteria)
+        eta = estimate_eta(
+            self.history,
+            stop_reward=self._stop_reward,
+            stop_timesteps=self._stop_timesteps,
+            time_budget=self._time_budget,
+        )
         win = f"win rate {stats.win_rate:.2f} | " if stats.win_rate is not None else ""
         text = (
             f"it {stats.iteration} | return {stats.episode_return_mean:.1f} | {win}"

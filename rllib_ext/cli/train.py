@@ -7,7 +7,8 @@ and SIGTERM / Ctrl-C stop it with a final checkpoint (:mod:`~rllib_ext.cli.inter
 
 :func:`train` is the whole command and is what ``benchmarks/train_cartpole.py`` times.
 It accepts an already-initialized Ray (tests, notebooks) and leaves it running; a Ray it
-started itself is shut down at the end.
+started itself is shut down at the end. This module is the setup and teardown around the loop
+(:mod:`~rllib_ext.cli.loop`); the PPO config comes from :mod:`~rllib_ext.cli.ppo_config`.
 """
 
 from __future__ import annotations
@@ -15,19 +16,26 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
 import secrets
-import signal
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rllib_ext.cli.checkpoints import RunState, commit_checkpoint, write_json_atomic
-from rllib_ext.cli.interrupts import RunInterrupted, Signals
-from rllib_ext.cli.progress import IterationStats, ProgressReporter
-from rllib_ext.cli.runconfig import DEFAULT_TRAINING, CLIError, TrainSettings
+from rllib_ext.cli.checkpoints import write_json_atomic
+from rllib_ext.cli.interrupts import Signals
+from rllib_ext.cli.loop import (
+    LoopOutcome,
+    Segment,
+    env_steps_of,
+    episode_return_of,
+    interrupt_reason,
+    run_training_loop,
+    win_rate_of,
+)
+from rllib_ext.cli.ppo_config import build_algo_config, check_settings, ray_init_kwargs
+from rllib_ext.cli.progress import ProgressReporter
+from rllib_ext.cli.runconfig import TrainSettings
 from rllib_ext.cli.rundir import SETTINGS_JSON, RunPlan, plan_run
 from rllib_ext.cli.runlog import RunLog, trim_after
 from rllib_ext.cli.sinks import TrainResult, summary_table, write_summary
@@ -46,256 +54,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("rllib_ext.cli")
-
-RETURN_KEY = "env_runners/episode_return_mean"
-
-
-def check_settings(settings: TrainSettings) -> None:
-    """Everything that can be checked before ``ray.init``.
-
-    Raises:
-        CLIError: unknown env, env_config the env rejects, GPUs requested without CUDA,
-            or PPO settings RLlib rejects.
-    """
-    from rllib_ext.cli.envs import check_env
-    from rllib_ext.cli.inputs import check_inputs
-
-    check_inputs(settings)
-    check_env(settings.env, settings.env_config)
-    if settings.num_gpus_per_learner > 0 and settings.address is None:
-        import torch
-
-        if not torch.cuda.is_available():
-            raise CLIError(
-                f"--num-gpus-per-learner {settings.num_gpus_per_learner:g} but no CUDA device is "
-                "visible (torch.cuda.is_available() is False). Fix: drop the flag (CPU learner), "
-                "run on a GPU machine, or join a GPU cluster with --address."
-            )
-    try:
-        build_algo_config(settings).validate()
-    except ValueError as exc:
-        raise CLIError(f"PPO rejected the settings: {exc}") from None
-
-
-def build_algo_config(settings: TrainSettings, *, config_cls: type | None = None) -> Any:
-    """The PPO config ``rllib-ext train`` runs.
-
-    Args:
-        config_cls: ``rllib_ext.PPOConfig`` (default) or RLlib's own ``PPOConfig`` (benchmark);
-            extension flags are only passed to rllib_ext's class.
-
-    Raises:
-        CLIError: a ``--training`` key or value that RLlib or rllib_ext rejects.
-    """
-    from rllib_ext.config import PPOConfig
-
-    config_cls = config_cls or PPOConfig
-    training = {**DEFAULT_TRAINING, **settings.training}
-    if issubclass(config_cls, PPOConfig):
-        training.update(settings.extensions)
-    try:
-        config = (
-            config_cls()
-            .api_stack(enable_rl_module_and_learner=True, enable_env_runner_and_connector_v2=True)
-            .environment(settings.env, env_config=dict(settings.env_config))
-            .env_runners(
-                num_env_runners=settings.num_env_runners,
-                num_envs_per_env_runner=settings.num_envs_per_env_runner,
-            )
-            .learners(
-                num_learners=settings.num_learners,
-                num_gpus_per_learner=settings.num_gpus_per_learner,
-            )
-            .training(**training)
-            .debugging(seed=settings.seed)
-        )
-        if settings.model_config:
-            config.rl_module(model_config=dict(settings.model_config))
-    except (TypeError, ValueError) as exc:
-        raise CLIError(f"PPO rejected the settings: {exc}") from None
-    if issubclass(config_cls, PPOConfig):
-        from rllib_ext.cli.envs import configure_env
-
-        configure_env(config, settings)
-    return config
-
-
-def ray_init_kwargs(settings: TrainSettings) -> dict[str, Any]:
-    """``ray.init`` arguments sized to what the config asks Ray for.
-
-    The algorithm itself and a local learner (``num_learners=0``) live in the driver and take
-    no Ray CPU; each EnvRunner and each remote Learner actor takes one logical CPU.
-    """
-    kwargs: dict[str, Any] = {"logging_level": logging.WARNING}
-    if settings.address is not None:
-        return {"address": settings.address, **kwargs}
-    needed = settings.num_env_runners + settings.num_learners
-    # "local": a new Ray even when /tmp/ray/ray_current_cluster names another (or a dead)
-    # cluster, which a bare ray.init() would join (and refuse num_cpus for).
-    return {"address": "local", "num_cpus": max(1, needed), "include_dashboard": False, **kwargs}
-
-
-def env_steps_of(result: Mapping[str, Any]) -> int:
-    steps = result.get("num_env_steps_sampled_lifetime")
-    if steps is None:
-        steps = result.get("env_runners", {}).get("num_env_steps_sampled_lifetime", 0)
-    return int(steps)
-
-
-def episode_return_of(result: Mapping[str, Any]) -> float:
-    value = result.get("env_runners", {}).get("episode_return_mean")
-    return float(value) if value is not None else math.nan
-
-
-def _iteration_env_steps(result: Mapping[str, Any], progress: ProgressReporter) -> int:
-    """Env steps sampled in this iteration (not the lifetime count: a resumed run starts high)."""
-    this_iteration = result.get("env_runners", {}).get("num_env_steps_sampled")
-    if this_iteration is not None:
-        return int(this_iteration)
-    previous = progress.history[-1].env_steps if progress.history else None
-    return env_steps_of(result) - previous if previous is not None else 0
-
-
-def win_rate_of(result: Mapping[str, Any]) -> float | None:
-    """``env_runners/win_rate`` (SMAC envs, :class:`rllib_ext.envs.smac.SMACMetricsCallback`)."""
-    value = result.get("env_runners", {}).get("win_rate")
-    return float(value) if value is not None else None
-
-
-def _stop_reason(
-    settings: TrainSettings,
-    episode_return: float,
-    env_steps: int,
-    elapsed: float,
-    win_rate: float | None = None,
-) -> str | None:
-    if settings.stop_reward is not None and episode_return >= settings.stop_reward:
-        return "stop_reward"
-    if (
-        settings.stop_win_rate is not None
-        and win_rate is not None
-        and win_rate >= settings.stop_win_rate
-    ):
-        return "stop_win_rate"
-    if settings.stop_timesteps is not None and env_steps >= settings.stop_timesteps:
-        return "stop_timesteps"
-    if settings.time_budget is not None and elapsed >= settings.time_budget:
-        return "time_budget"
-    return None
-
-
-@dataclass
-class Segment:
-    """This process's share of the run: the counters it started from and its clocks."""
-
-    base: RunState
-    started: float
-    """``time.perf_counter()`` at the start of :func:`train` (the time budget counts from it)."""
-    build_started: float | None = None
-
-    def state(self, *, iteration: int, env_steps: int, run_dir: Path) -> RunState:
-        now = time.perf_counter()
-        return RunState(
-            iteration=iteration,
-            env_steps=max(env_steps, self.base.env_steps),
-            wall_time_s=self.base.wall_time_s + (now - self.started),
-            train_time_s=self.base.train_time_s
-            + (now - self.build_started if self.build_started is not None else 0.0),
-            segments=self.base.segments + 1,
-            run_dir=str(run_dir),
-        )
-
-
-@dataclass
-class _LoopOutcome:
-    last_result: Mapping[str, Any] | None
-    stop_reason: str
-    checkpoint: Path | None
-    state: RunState
-
-
-def run_training_loop(
-    algo: Any,
-    settings: TrainSettings,
-    *,
-    checkpoint_dir: Path,
-    run_log: Any,
-    progress: ProgressReporter,
-    segment: Segment,
-    signals: Signals,
-) -> _LoopOutcome:
-    """Calls ``algo.train()`` until a stop criterion or a signal, then commits a final checkpoint.
-
-    Each result is logged (``run_log.write``) before the next iteration starts; checkpoints
-    every ``checkpoint_freq`` iterations and at the end. A first SIGINT/SIGTERM stops the loop
-    at once (it only waits for a metrics row or a checkpoint commit in progress).
-    """
-    run_dir = Path(settings.run_dir or ".")
-    result: Mapping[str, Any] | None = None
-    checkpoint: Path | None = None
-    saved_iteration = segment.base.iteration
-    logged_iteration = segment.base.iteration
-    env_steps = segment.base.env_steps
-    reason = "interrupted"
-
-    def commit() -> Path:
-        state = segment.state(iteration=algo.iteration, env_steps=env_steps, run_dir=run_dir)
-        return commit_checkpoint(algo, checkpoint_dir, settings=settings.to_dict(), state=state)
-
-    try:
-        while True:
-            result = algo.train()
-            elapsed = time.perf_counter() - segment.started
-            steps = env_steps_of(result)
-            episode_return = episode_return_of(result)
-            with signals.deferred():
-                run_log.write(result)
-                logged_iteration = int(result.get("training_iteration", algo.iteration))
-                env_steps = steps
-            iteration_s = float(result.get("time_this_iter_s") or 0.0)
-            new_steps = _iteration_env_steps(result, progress)
-            progress.update(
-                IterationStats(
-                    iteration=logged_iteration,
-                    env_steps=steps,
-                    episode_return_mean=episode_return,
-                    steps_per_s=new_steps / iteration_s if iteration_s > 0 else 0.0,
-                    elapsed_s=elapsed,
-                    win_rate=win_rate_of(result),
-                )
-            )
-            stop = _stop_reason(settings, episode_return, steps, elapsed, win_rate_of(result))
-            if stop is not None:
-                reason = stop
-                break
-            if settings.checkpoint_freq and algo.iteration % settings.checkpoint_freq == 0:
-                with signals.deferred():
-                    checkpoint = commit()
-                    saved_iteration = algo.iteration
-    except KeyboardInterrupt as exc:
-        progress.close()
-        reason = _interrupt_reason(exc)
-        logger.warning(
-            "%s: saving a checkpoint before exit (a second signal exits at once)",
-            "SIGTERM" if reason == "terminated" else "interrupted",
-        )
-    signals.stopping()
-    if algo.iteration != logged_iteration:
-        # Interrupted after RLlib counted an iteration but before its result was logged:
-        # a checkpoint now would hold an iteration the metrics files never see.
-        logger.warning(
-            "the interrupted iteration %d was not logged; not checkpointing it", algo.iteration
-        )
-    elif saved_iteration != algo.iteration and algo.iteration > 0:
-        checkpoint = commit()
-    state = segment.state(iteration=logged_iteration, env_steps=env_steps, run_dir=run_dir)
-    return _LoopOutcome(result, reason, checkpoint, state)
-
-
-def _interrupt_reason(exc: BaseException) -> str:
-    if isinstance(exc, RunInterrupted) and exc.signum == signal.SIGTERM:
-        return "terminated"
-    return "interrupted"
 
 
 def _log_settings(settings: TrainSettings, config: Any, init_kwargs: Mapping[str, Any]) -> None:
@@ -389,7 +147,7 @@ def _run(
     segment: Segment,
     signals: Signals,
     progress: bool | None,
-) -> _LoopOutcome:
+) -> LoopOutcome:
     import ray
 
     init_kwargs = ray_init_kwargs(settings)
@@ -439,9 +197,9 @@ def _run(
             )
     except KeyboardInterrupt as exc:  # before the loop: nothing trained in this segment
         signals.stopping()
-        reason = _interrupt_reason(exc)
+        reason = interrupt_reason(exc)
         logger.warning("%s before training started", reason)
-        return _LoopOutcome(None, reason, None, plan.base)
+        return LoopOutcome(None, reason, None, plan.base)
     finally:
         signals.stopping()
         if reporter is not None:

@@ -1,0 +1,97 @@
+"""The RLlib side of ``rllib-ext train`` settings: the PPO config, the checks that run
+before ``ray.init`` and the ``ray.init`` arguments.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from rllib_ext.cli.runconfig import DEFAULT_TRAINING, CLIError, TrainSettings
+
+__all__ = ["build_algo_config", "check_settings", "ray_init_kwargs"]
+
+
+def check_settings(settings: TrainSettings) -> None:
+    """Everything that can be checked before ``ray.init``.
+
+    Raises:
+        CLIError: unknown env, env_config the env rejects, GPUs requested without CUDA,
+            or PPO settings RLlib rejects.
+    """
+    from rllib_ext.cli.envs import check_env
+    from rllib_ext.cli.inputs import check_inputs
+
+    check_inputs(settings)
+    check_env(settings.env, settings.env_config)
+    if settings.num_gpus_per_learner > 0 and settings.address is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise CLIError(
+                f"--num-gpus-per-learner {settings.num_gpus_per_learner:g} but no CUDA device is "
+                "visible (torch.cuda.is_available() is False). Fix: drop the flag (CPU learner), "
+                "run on a GPU machine, or join a GPU cluster with --address."
+            )
+    try:
+        build_algo_config(settings).validate()
+    except ValueError as exc:
+        raise CLIError(f"PPO rejected the settings: {exc}") from None
+
+
+def build_algo_config(settings: TrainSettings, *, config_cls: type | None = None) -> Any:
+    """The PPO config ``rllib-ext train`` runs.
+
+    Args:
+        config_cls: ``rllib_ext.PPOConfig`` (default) or RLlib's own ``PPOConfig`` (benchmark);
+            extension flags are only passed to rllib_ext's class.
+
+    Raises:
+        CLIError: a ``--training`` key or value that RLlib or rllib_ext rejects.
+    """
+    from rllib_ext.config import PPOConfig
+
+    config_cls = config_cls or PPOConfig
+    training = {**DEFAULT_TRAINING, **settings.training}
+    if issubclass(config_cls, PPOConfig):
+        training.update(settings.extensions)
+    try:
+        config = (
+            config_cls()
+            .api_stack(enable_rl_module_and_learner=True, enable_env_runner_and_connector_v2=True)
+            .environment(settings.env, env_config=dict(settings.env_config))
+            .env_runners(
+                num_env_runners=settings.num_env_runners,
+                num_envs_per_env_runner=settings.num_envs_per_env_runner,
+            )
+            .learners(
+                num_learners=settings.num_learners,
+                num_gpus_per_learner=settings.num_gpus_per_learner,
+            )
+            .training(**training)
+            .debugging(seed=settings.seed)
+        )
+        if settings.model_config:
+            config.rl_module(model_config=dict(settings.model_config))
+    except (TypeError, ValueError) as exc:
+        raise CLIError(f"PPO rejected the settings: {exc}") from None
+    if issubclass(config_cls, PPOConfig):
+        from rllib_ext.cli.envs import configure_env
+
+        configure_env(config, settings)
+    return config
+
+
+def ray_init_kwargs(settings: TrainSettings) -> dict[str, Any]:
+    """``ray.init`` arguments sized to what the config asks Ray for.
+
+    The algorithm itself and a local learner (``num_learners=0``) live in the driver and take
+    no Ray CPU; each EnvRunner and each remote Learner actor takes one logical CPU.
+    """
+    kwargs: dict[str, Any] = {"logging_level": logging.WARNING}
+    if settings.address is not None:
+        return {"address": settings.address, **kwargs}
+    needed = settings.num_env_runners + settings.num_learners
+    # "local": a new Ray even when /tmp/ray/ray_current_cluster names another (or a dead)
+    # cluster, which a bare ray.init() would join (and refuse num_cpus for).
+    return {"address": "local", "num_cpus": max(1, needed), "include_dashboard": False, **kwargs}
