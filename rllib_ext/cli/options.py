@@ -31,6 +31,7 @@ from rllib_ext.cli.values import (
     one_of,
     optional,
     parse_set_value,
+    resource_map,
     text,
 )
 from rllib_ext.settings import setting_specs
@@ -183,6 +184,29 @@ CORE_OPTIONS: tuple[Option, ...] = (
         example="0",
         metavar="G",
         group="resources",
+    ),
+    Option(
+        "custom_resources_per_learner",
+        convert=resource_map,
+        default={},
+        help="custom Ray resources per remote learner as a JSON object, e.g. "
+        "'{\"learner_node\": 1}': learners go only to nodes started with "
+        "'ray start --resources' naming them (a local Ray, no --address, provides them)",
+        example="'{\"learner_node\": 1}'",
+        metavar="JSON",
+        group="resources",
+        default_text="none",
+    ),
+    Option(
+        "custom_resources_per_env_runner",
+        convert=resource_map,
+        default={},
+        help="custom Ray resources each remote env runner needs, as a JSON object (see "
+        "--custom-resources-per-learner)",
+        example="'{\"sampler_node\": 1}'",
+        metavar="JSON",
+        group="resources",
+        default_text="none",
     ),
     Option(
         "training",

@@ -9,7 +9,13 @@ from typing import Any
 
 from rllib_ext.cli.runconfig import DEFAULT_TRAINING, CLIError, TrainSettings
 
-__all__ = ["build_algo_config", "check_settings", "ray_init_kwargs"]
+__all__ = [
+    "build_algo_config",
+    "check_cluster_resources",
+    "check_settings",
+    "custom_resources_needed",
+    "ray_init_kwargs",
+]
 
 
 def check_settings(settings: TrainSettings) -> None:
@@ -63,10 +69,12 @@ def build_algo_config(settings: TrainSettings, *, config_cls: type | None = None
             .env_runners(
                 num_env_runners=settings.num_env_runners,
                 num_envs_per_env_runner=settings.num_envs_per_env_runner,
+                custom_resources_per_env_runner=dict(settings.custom_resources_per_env_runner),
             )
             .learners(
                 num_learners=settings.num_learners,
                 num_gpus_per_learner=settings.num_gpus_per_learner,
+                custom_resources_per_learner=dict(settings.custom_resources_per_learner),
             )
             .training(**training)
             .debugging(seed=settings.seed)
@@ -92,6 +100,48 @@ def ray_init_kwargs(settings: TrainSettings) -> dict[str, Any]:
     if settings.address is not None:
         return {"address": settings.address, **kwargs}
     needed = settings.num_env_runners + settings.num_learners
+    resources = custom_resources_needed(settings)
+    if resources:  # a local Ray has exactly what the actors ask for
+        kwargs["resources"] = resources
     # "local": a new Ray even when /tmp/ray/ray_current_cluster names another (or a dead)
     # cluster, which a bare ray.init() would join (and refuse num_cpus for).
     return {"address": "local", "num_cpus": max(1, needed), "include_dashboard": False, **kwargs}
+
+
+def custom_resources_needed(settings: TrainSettings) -> dict[str, float]:
+    """The custom Ray resources all remote learners and env runners ask for together.
+
+    Learners (env runners) in the driver, ``--num-learners 0`` (``--num-env-runners 0``), are
+    no Ray actors and ask for nothing.
+    """
+    total: dict[str, float] = {}
+    for count, per_actor in (
+        (settings.num_learners, settings.custom_resources_per_learner),
+        (settings.num_env_runners, settings.custom_resources_per_env_runner),
+    ):
+        for name, amount in per_actor.items():
+            total[name] = total.get(name, 0.0) + count * amount
+    return {name: amount for name, amount in total.items() if amount > 0}
+
+
+def check_cluster_resources(settings: TrainSettings, available: dict[str, float]) -> None:
+    """Fails in one line when the Ray cluster lacks a custom resource the actors ask for.
+
+    RLlib would otherwise wait forever for actors that no node can host.
+
+    Args:
+        available: ``ray.cluster_resources()`` of the joined cluster.
+
+    Raises:
+        CLIError: a resource the cluster has less of than the actors need in total.
+    """
+    for name, needed in custom_resources_needed(settings).items():
+        have = float(available.get(name, 0.0))
+        if have < needed:
+            raise CLIError(
+                f"the actors ask for {needed:g} of the custom resource {name!r} "
+                "(--custom-resources-per-learner/--custom-resources-per-env-runner times "
+                f"--num-learners/--num-env-runners) but the Ray cluster has {have:g}. Fix: start "
+                f"nodes with e.g. ray start --address ADDRESS --resources '{{\"{name}\": 1}}', or "
+                "lower the counts."
+            )

@@ -79,6 +79,8 @@ class TrainSettings:
     num_envs_per_env_runner: int = 8
     num_learners: int = 0
     num_gpus_per_learner: float = 0.0
+    custom_resources_per_learner: dict[str, float] = field(default_factory=dict)
+    custom_resources_per_env_runner: dict[str, float] = field(default_factory=dict)
     training: dict[str, Any] = field(default_factory=dict)
     model_config: dict[str, Any] = field(default_factory=dict)
     preset: str | None = None

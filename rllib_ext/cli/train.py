@@ -33,7 +33,12 @@ from rllib_ext.cli.loop import (
     run_training_loop,
     win_rate_of,
 )
-from rllib_ext.cli.ppo_config import build_algo_config, check_settings, ray_init_kwargs
+from rllib_ext.cli.ppo_config import (
+    build_algo_config,
+    check_cluster_resources,
+    check_settings,
+    ray_init_kwargs,
+)
 from rllib_ext.cli.progress import ProgressReporter
 from rllib_ext.cli.runconfig import TrainSettings
 from rllib_ext.cli.rundir import SETTINGS_JSON, RunPlan, plan_run
@@ -158,6 +163,7 @@ def _run(
         if owns_ray:
             ray.init(**init_kwargs)
         signals.reclaim()
+        check_cluster_resources(settings, ray.cluster_resources())
         segment.build_started = time.perf_counter()
         algo = config.build_algo()
         signals.reclaim()

@@ -28,6 +28,7 @@ __all__ = [
     "one_of",
     "optional",
     "parse_set_value",
+    "resource_map",
     "text",
 ]
 
@@ -181,3 +182,26 @@ def one_of(value: Any, allowed: tuple[str, ...]) -> str:
     if value not in allowed:
         raise ValueError(f"is not supported; allowed values: {', '.join(allowed)}")
     return str(value)
+
+
+_BUILTIN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+
+
+def resource_map(value: Any) -> dict[str, float]:
+    """A JSON object of custom Ray resource name -> amount > 0 (``{"learner_node": 1}``)."""
+    resources = json_object(value)
+    for name, amount in resources.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError("must map resource names (non-empty strings) to amounts")
+        if name in _BUILTIN_RESOURCES:
+            raise ValueError(
+                f"names the built-in resource {name!r}, which has its own flag "
+                "(--num-gpus-per-learner, --num-env-runners); use custom resource names only"
+            )
+        try:
+            resources[name] = float_value(positive=True)(amount)
+        except ValueError:
+            raise ValueError(
+                f"must map each resource to a number > 0, got {name!r}: {amount!r}"
+            ) from None
+    return resources
