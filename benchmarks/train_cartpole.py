@@ -28,6 +28,15 @@ in time and 1.03 per iteration (1.00 vs 0.97 s). With vectorized batching (``--r
 quiet machine): rllib-ext 18.8 s vs stock 18.4 s, ratio 1.02 in time to 450 and 0.99 per
 iteration (1.03 vs 1.04 s).
 
+``--curves FILE.jsonl`` also writes one row per iteration and run (``run``, ``seed``,
+``env_steps``, ``episode_return_mean``, ``wall_s`` = Tune's ``time_total_s``) for
+``benchmarks/plot_curves.py``::
+
+    flock /tmp/cpu.lock .venv/bin/python benchmarks/train_cartpole.py --repeats 2 \
+        --curves benchmarks/results/cartpole_curves.jsonl
+    .venv/bin/python benchmarks/plot_curves.py benchmarks/results/cartpole_curves.jsonl \
+        --out benchmarks/results/cartpole_curves.png --hline 450
+
 Each path is deterministic per seed, and with ``--gae rllib`` the rllib-ext path reproduces the
 stock run exactly (seed 0: 20 iterations, 40,068 env steps, in 19.5 s against 18.8 s). With the
 vectorized GAE the float32 rounding differs (about 1e-6), trajectories diverge after a few
@@ -38,7 +47,9 @@ seconds per iteration for the cost of the CLI path itself.
 from __future__ import annotations
 
 import argparse
+import csv
 import dataclasses
+import json
 import logging
 import statistics
 import tempfile
@@ -68,6 +79,28 @@ class Run:
     iterations: int
     final_return: float
     reached: bool
+    curve: list[dict[str, float]] = dataclasses.field(default_factory=list)
+
+
+def _curve_row(env_steps: float, episode_return: float, wall_s: float) -> dict[str, float]:
+    return {
+        "env_steps": int(env_steps),
+        "episode_return_mean": round(float(episode_return), 2),
+        "wall_s": round(float(wall_s), 2),
+    }
+
+
+def _curve_of_run_dir(run_dir: Path) -> list[dict[str, float]]:
+    """Rows of the run's ``progress.csv`` (Tune's layout, written by ``rllib-ext train``)."""
+    with (run_dir / "progress.csv").open(newline="") as f:
+        return [
+            _curve_row(
+                float(row["num_env_steps_sampled_lifetime"]),
+                float(row["env_runners/episode_return_mean"] or "nan"),
+                float(row["time_total_s"]),
+            )
+            for row in csv.DictReader(f)
+        ]
 
 
 def run_rllib_ext(settings: TrainSettings, run_dir: Path) -> Run:
@@ -80,6 +113,7 @@ def run_rllib_ext(settings: TrainSettings, run_dir: Path) -> Run:
         result.iterations,
         result.episode_return_mean,
         result.stop_reason == "stop_reward",
+        _curve_of_run_dir(run_dir),
     )
 
 
@@ -87,10 +121,12 @@ def run_stock(settings: TrainSettings, max_env_steps: int) -> Run:
     config = build_algo_config(settings, config_cls=StockPPOConfig)
     started = time.perf_counter()
     algo = config.build_algo()
+    curve = []
     try:
         while True:
             result = algo.train()
             episode_return, steps = episode_return_of(result), env_steps_of(result)
+            curve.append(_curve_row(steps, episode_return, result["time_total_s"]))
             if episode_return >= settings.stop_reward or steps >= max_env_steps:
                 break
         seconds = time.perf_counter() - started
@@ -104,6 +140,7 @@ def run_stock(settings: TrainSettings, max_env_steps: int) -> Run:
         int(result["training_iteration"]),
         episode_return,
         episode_return >= settings.stop_reward,
+        curve,
     )
 
 
@@ -122,6 +159,13 @@ def main() -> None:
     parser.add_argument("--stop-reward", type=float, default=450.0)
     parser.add_argument(
         "--max-env-steps", type=int, default=400_000, help="give up a run after this many steps"
+    )
+    parser.add_argument(
+        "--curves",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="write per-iteration rows (JSON lines) for benchmarks/plot_curves.py",
     )
     args = parser.parse_args()
     logging.getLogger("rllib_ext.cli").setLevel(logging.WARNING)
@@ -148,6 +192,13 @@ def main() -> None:
                 runs.append(run)
                 print(_row(run), flush=True)
     ray.shutdown()
+    if args.curves is not None:
+        args.curves.parent.mkdir(parents=True, exist_ok=True)
+        with args.curves.open("w") as f:
+            for run in runs:
+                for row in run.curve:
+                    f.write(json.dumps({"run": run.name, "seed": run.seed, **row}) + "\n")
+        print(f"curves: {args.curves}")
 
     print()
     print(
