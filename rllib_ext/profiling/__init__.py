@@ -1,19 +1,153 @@
 """Profiling: where a PPO training iteration's wall time goes, plus a PyTorch profiler trace.
 
-* :func:`enable_profiling` (``enable_profiling(config, out_dir=..., iterations=[...])``) works
-  in any RLlib run, Tune included: timing EnvRunner and Learner subclasses selected by the
-  config, phase seconds logged through RLlib's ``MetricsLogger``;
-* ``rllib-ext profile`` (:mod:`rllib_ext.cli.profile`) runs it on the ``train`` flags.
+``enable_profiling(config, out_dir="prof", iterations=[3, 4, 5])`` (rllib_ext or stock PPO config,
+also as a Tune ``param_space``) selects timing subclasses of the config's EnvRunner and Learner
+classes (:mod:`~rllib_ext.profiling.env_runner`, :mod:`~rllib_ext.profiling.learner`), which log
+seconds through RLlib's ``MetricsLogger``, and adds :class:`ProfilerCallback`: each profiled
+iteration's result gets ``rllib_ext_profile/<phase>`` shares (:mod:`~rllib_ext.profiling.breakdown`)
+and the learner update of the next iteration is traced with the PyTorch profiler. Then
+``breakdown.json``/``.txt``, ``top_ops.txt`` and ``trace/learner.pt.trace.json.gz`` (for
+TensorBoard's PyTorch profiler plugin or https://ui.perfetto.dev) are written to ``out_dir``.
+``rllib-ext profile`` (:mod:`rllib_ext.cli.profile`) runs it with the ``train`` flags.
 """
 
-from rllib_ext.profiling.breakdown import PHASES, Breakdown, breakdown_of_result
-from rllib_ext.profiling.callback import ProfilerCallback, check_out_dir, enable_profiling
+from __future__ import annotations
 
-__all__ = [
-    "PHASES",
-    "Breakdown",
-    "ProfilerCallback",
-    "breakdown_of_result",
-    "check_out_dir",
-    "enable_profiling",
-]
+import json
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from ray.rllib.callbacks.callbacks import RLlibCallback
+
+from rllib_ext.profiling.breakdown import PHASES, Breakdown, breakdown_of_result, merge_breakdowns
+from rllib_ext.profiling.env_runner import EnvRunnerTimers, timed_subclass
+from rllib_ext.profiling.learner import LearnerTimers
+
+__all__ = ["PHASES", "TRACE_FILE", "Breakdown", "ProfilerCallback", "breakdown_of_result"]
+__all__ += ["check_out_dir", "enable_profiling"]
+
+logger = logging.getLogger(__name__)
+
+RESULT_KEY = "rllib_ext_profile"
+TRACE_FILE = "learner.pt.trace.json.gz"
+"""Under ``<out_dir>/trace``: TensorBoard's PyTorch profiler plugin reads ``*.pt.trace.json.gz``."""
+CONFIG_KEYS = (
+    "env env_config num_env_runners num_envs_per_env_runner num_learners num_epochs".split()
+)
+CONFIG_KEYS += ["train_batch_size_per_learner", "minibatch_size", "learner_config_dict"]
+
+
+def check_out_dir(out_dir: str | Path) -> Path:
+    """Creates ``out_dir`` and checks it is writable.
+
+    Raises:
+        ValueError: the path is a file or cannot be created or written, naming the fix.
+    """
+    path = Path(out_dir).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        (path / ".rllib_ext_write_test").write_text("ok")
+        (path / ".rllib_ext_write_test").unlink()
+    except OSError as exc:
+        raise ValueError(
+            f"profile output directory {str(out_dir)!r} is not writable ({exc.strerror or exc}). "
+            "Fix: pass a directory you can write to, e.g. --out ./profile."
+        ) from None
+    return path.resolve()
+
+
+def _on_learners(algorithm: Any, method: str) -> list[Any]:
+    return [
+        r.get() for r in algorithm.learner_group.foreach_learner(lambda lrn: getattr(lrn, method)())
+    ]
+
+
+class ProfilerCallback(RLlibCallback):
+    """Breaks down chosen iterations and writes the files; added by :func:`enable_profiling`.
+
+    Options are class attributes (RLlib instantiates callbacks itself); only the driver-side
+    instance does anything.
+    """
+
+    out_dir: str | None = None
+    iterations: tuple[int, ...] = (2, 3, 4)
+    trace: bool = True
+    """Trace the learner update of the iteration after the last of ``iterations``."""
+
+    def on_algorithm_init(self, *, algorithm: Any, **kwargs: Any) -> None:
+        self.parts: list[Breakdown] = []
+
+    def on_train_result(self, *, algorithm: Any, result: dict, **kwargs: Any) -> None:
+        config, iteration = algorithm.config, int(result["training_iteration"])
+        if iteration in self.iterations:
+            part = breakdown_of_result(
+                result, num_env_runners=config.num_env_runners, num_learners=config.num_learners
+            )
+            self.parts.append(part)
+            result[RESULT_KEY] = {"wall_s": part.wall_s, **part.shares}
+        if self.trace and iteration == self.iterations[-1]:
+            _on_learners(algorithm, "arm_trace")
+        if self.out_dir and self.parts and iteration == self.iterations[-1] + int(self.trace):
+            traces = _on_learners(algorithm, "pop_trace") if self.trace else []
+            self.write(Path(self.out_dir), config=config, trace=next(filter(None, traces), None))
+
+    def write(self, out_dir: Path, *, config: Any, trace: dict[str, Any] | None) -> None:
+        """Writes the breakdown, the traced update's top operators and its trace under ``out_dir``."""
+        out_dir.mkdir(parents=True, exist_ok=True)
+        breakdown = merge_breakdowns(self.parts)
+        classes = {"learner_class": config.learner_class, "env_runner_class": config.env_runner_cls}
+        breakdown.details["config"] = {k: getattr(config, k) for k in CONFIG_KEYS} | {
+            key: getattr(cls, "profiled_class", cls).__name__ for key, cls in classes.items()
+        }
+        (out_dir / "breakdown.json").write_text(
+            json.dumps(breakdown.to_dict(), indent=2, default=str)
+        )
+        (out_dir / "breakdown.txt").write_text(breakdown.table() + "\n")
+        if trace is not None:
+            (out_dir / "trace").mkdir(exist_ok=True)
+            (out_dir / "trace" / TRACE_FILE).write_bytes(trace["trace"])
+            (out_dir / "top_ops.txt").write_text(trace["table"])
+        logger.info("profile written to %s", out_dir)
+
+
+def enable_profiling(
+    config: Any,
+    *,
+    out_dir: str | Path | None,
+    iterations: Iterable[int] = (2, 3, 4),
+    trace: bool = True,
+) -> Any:
+    """Profiles ``iterations`` of runs built from ``config`` (changed in place and returned).
+
+    Args:
+        out_dir: where files are written (``None``: only the result keys, no trace).
+        iterations: 1-based ``training_iteration`` numbers to break down (>= 1 each).
+        trace: trace the learner update of the iteration after the last of ``iterations``
+            with the PyTorch profiler (traced apart, so its overhead stays out of the breakdown).
+
+    Raises:
+        ValueError: bad ``iterations`` or an unwritable ``out_dir``, naming the fix.
+    """
+    from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
+    from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
+
+    from rllib_ext.smac_config import add_callback
+
+    timed = tuple(sorted(set(int(i) for i in iterations)))
+    if not timed or timed[0] < 1:
+        raise ValueError(
+            f"iterations={timed!r} must be a non-empty list of training iterations >= 1. "
+            "Fix: e.g. iterations=[2, 3, 4] (iteration 1 includes warm-up)."
+        )
+    out = None if out_dir is None else str(check_out_dir(out_dir))
+    # The EnvRunner class the run would use: the config's, else RLlib's default.
+    default_runner = MultiAgentEnvRunner if config.is_multi_agent else SingleAgentEnvRunner
+    runner = timed_subclass(EnvRunnerTimers, config.env_runner_cls or default_runner)
+    learner = timed_subclass(LearnerTimers, config.learner_class)
+    config.env_runners(env_runner_cls=runner)
+    config.learners(learner_class=learner)
+    attrs = {"out_dir": out, "iterations": timed, "trace": trace and out is not None}
+    add_callback(config, type("ConfiguredProfilerCallback", (ProfilerCallback,), attrs))
+    return config

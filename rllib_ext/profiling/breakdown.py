@@ -1,11 +1,10 @@
 """Where one training iteration's wall time went, computed from its RLlib result dict.
 
-Inputs: ``time_this_iter_s``; ``env_runners/profile/<phase>_s`` (summed over EnvRunners, see
-:mod:`~rllib_ext.profiling.env_runner`); ``learners/__all_modules__/profile/<phase>_s`` (summed
-over Learners, :mod:`~rllib_ext.profiling.learner`); ``learners/<module>/gae/time_ms`` and
-``comm/time_ms``, which ``VectorizedGAE`` and the compression hooks log. Leaf phases sum to the
-wall time and are never negative; ``unaccounted_s`` (wall minus sampling and learner) would be
-clearly negative only if something were counted twice.
+Inputs: ``time_this_iter_s``, the timers' ``env_runners/profile/<phase>_s`` and
+``learners/__all_modules__/profile/<phase>_s`` (summed over EnvRunners / Learners by RLlib) and
+``VectorizedGAE``'s ``gae/time_ms``. Leaf phases sum to the wall time and are never negative;
+``unaccounted_s`` (wall minus sampling and learner) is clearly negative only if something were
+counted twice.
 """
 
 from __future__ import annotations
@@ -29,8 +28,8 @@ SOURCES: dict[str, str] = {
     "learner/forward": "_uncompiled_update start to compute_losses: forward_train",
     "learner/loss": "compute_losses",
     "learner/backward": "compute_gradients minus grad_comm",
-    "learner/grad_comm": "rllib_ext compression hooks: time with a bucket's hook in flight (their "
-    "observer; else comm/time_ms), at most backward; DDP's own all-reduce stays in backward",
+    "learner/grad_comm": "time with a bucket in flight in rllib_ext's compression hooks (their "
+    "public observer), at most backward; DDP's own all-reduce stays in backward",
     "learner/optimizer": "postprocess_gradients + apply_gradients",
     "learner/other": "Learner.update minus the above: minibatch slicing, metrics, KL update",
     "other": "time_this_iter_s minus sampling and learner: Ray transfers, weight sync, "
@@ -60,37 +59,32 @@ class Breakdown:
 
     def to_dict(self) -> dict[str, Any]:
         phases = {
-            name: {"seconds": self.seconds[name], "share": share, "source": SOURCES[name]}
-            for name, share in self.shares.items()
+            k: {"seconds": self.seconds[k], "share": s, "source": SOURCES[k]}
+            for k, s in self.shares.items()
         }
-        n = max(1, len(self.iterations))
         return {
             "iterations": self.iterations,
             "wall_s": self.wall_s,
-            "wall_s_per_iteration": self.wall_s / n,
+            "wall_s_per_iteration": self.wall_s / max(1, len(self.iterations)),
             "unaccounted_s": self.unaccounted_s,
             "phases": phases,
             "details": self.details,
         }
 
     def table(self) -> str:
-        """A plain-text table: phase, seconds per iteration, share."""
+        """Plain text: each group's total, then its phases indented; s/iteration and share."""
         n, wall = max(1, len(self.iterations)), self.wall_s or 1.0
-        lines = [f"{'phase':<22} {'s/iter':>9} {'share':>7}", f"{'-' * 22} {'-' * 9} {'-' * 7}"]
-        row = "{:<22} {:>9.4f} {:>7.1%}".format
-        group = None
+        rows: list[tuple[str, float]] = []
+        groups: set[str] = set()
         for name in PHASES:
             head, _, leaf = name.partition("/")
-            if leaf and head != group:
-                group, total = head, self.group_seconds(head)
-                lines.append(row(head, total / n, total / wall))
-            lines.append(
-                row(
-                    f"  {leaf}" if leaf else name, self.seconds[name] / n, self.seconds[name] / wall
-                )
-            )
-        lines.append(row("wall (iteration)", self.wall_s / n, 1.0))
-        return "\n".join(lines)
+            if leaf and head not in groups:
+                groups.add(head)
+                rows.append((head, self.group_seconds(head)))
+            rows.append((f"  {leaf}" if leaf else name, self.seconds[name]))
+        rows.append(("wall (iteration)", self.wall_s))
+        lines = (f"{name:<22} {s / n:>9.4f} {s / wall:>7.1%}" for name, s in rows)
+        return "\n".join([f"{'phase':<22} {'s/iter':>9} {'share':>7}", "-" * 40, *lines])
 
 
 def _num(mapping: Any, *path: str) -> float:
@@ -122,12 +116,11 @@ def breakdown_of_result(
     """
     wall = _num(result, "time_this_iter_s")
     runners, learners = max(1, num_env_runners), max(1, num_learners)
-    env = result.get("env_runners", {}).get(PROFILE_KEY, {})
     modules = dict(result.get("learners", {}))
     lrn = modules.pop("__all_modules__", {}).get(PROFILE_KEY, {})
 
     def env_s(phase: str) -> float:
-        return _num(env, f"{phase}_s") / runners
+        return _num(result, "env_runners", PROFILE_KEY, f"{phase}_s") / runners
 
     def learner_s(phase: str) -> float:
         return _num(lrn, f"{phase}_s") / learners
@@ -140,12 +133,7 @@ def breakdown_of_result(
     # VectorizedGAE logs the same elapsed time under every module (window=1: last value).
     gae = max((_num(r, "gae/time_ms") / 1e3 for r in modules.values()), default=0.0)
     backward = learner_s("backward")
-    # Fallback (no observer records): the hooks' comm/time_ms, summed over possibly overlapping buckets.
-    comm = (
-        learner_s("grad_comm")
-        or sum(_num(r, "comm/time_ms") for r in modules.values()) / 1e3 / learners
-    )
-    comm = min(backward, comm)
+    comm = min(backward, learner_s("grad_comm"))
     learner = _fit(
         {
             "learner/connector": learner_s("connector") - gae,
@@ -164,8 +152,6 @@ def breakdown_of_result(
     comm_keys = ("comm/time_ms", "comm/codec_time_ms", "comm/bytes_sent")
     details = {
         "env_steps": _num(result, "env_runners", "num_env_steps_sampled"),
-        "num_env_runners": runners,
-        "num_learners": learners,
         "comm": {
             m: {k: _num(r, k) for k in comm_keys} for m, r in modules.items() if comm_keys[0] in r
         },
@@ -173,8 +159,9 @@ def breakdown_of_result(
         "rllib_timers": {k: v for k, v in result.get("timers", {}).items() if isinstance(v, float)},
     }
     measured = sum(sampling.values()) + sum(learner.values())
-    iteration = int(result.get("training_iteration", 0))
-    return Breakdown([iteration], wall, seconds, wall - measured, details)
+    return Breakdown(
+        [int(result.get("training_iteration", 0))], wall, seconds, wall - measured, details
+    )
 
 
 def merge_breakdowns(parts: Sequence[Breakdown]) -> Breakdown:

@@ -1,13 +1,8 @@
-"""EnvRunner timers: ``Profiling<Base>``, a subclass of the EnvRunner class the config uses.
+"""The phase clock and the EnvRunner timers (``Profiling<Base>``, a subclass of the config's).
 
-Phases of one ``sample()`` call (seconds summed over its steps), logged as ``profile/<phase>_s``
-(``reduce="sum"``) into the EnvRunner's ``MetricsLogger``, so the result holds
-``env_runners/profile/<phase>_s`` summed over EnvRunners (RLlib's own timers are per-call EMAs):
-``sample`` (the whole call), ``env_step`` (``_try_env_step``: the vector env's ``step``),
-``connectors`` (env-to-module and module-to-env, first to last piece: :class:`PipelineMark` pieces
-at both ends take the timestamps) and ``inference`` (end of env-to-module, or the start of
-``sample()``, to the start of module-to-env: the RLModule forward, plus RLlib's numpy conversion
-of the episodes that ended in that step, which runs in between).
+One ``sample()`` call logs ``profile/<phase>_s`` (``reduce="sum"``: the result holds
+``env_runners/profile/<phase>_s`` summed over EnvRunners) for ``sample`` (the whole call),
+``env_step``, ``connectors`` and ``inference`` (see :data:`~rllib_ext.profiling.breakdown.SOURCES`).
 """
 
 from __future__ import annotations
@@ -22,32 +17,28 @@ from ray.rllib.connectors.connector_v2 import ConnectorV2
 from ray.rllib.env.env_runner import EnvRunner
 from ray.rllib.utils.annotations import override
 
-__all__ = [
-    "PROFILE_KEY",
-    "EnvRunnerTimers",
-    "PipelineMark",
-    "profiling_env_runner_cls",
-    "sample_phase",
-]
+__all__ = ["PROFILE_KEY", "EnvRunnerTimers", "PhaseClock", "PipelineMark", "sample_phase"]
+__all__ += ["timed_subclass"]
 
 PROFILE_KEY = "profile"
 """Metrics key under which EnvRunners and Learners log their phase seconds."""
 
 
-class SampleClock:
-    """Phase seconds of one ``sample()`` call, from spans opened and closed by name."""
+class PhaseClock:
+    """Seconds per phase, from timed blocks and from spans opened and closed by phase name."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
         self.opened: dict[str, float] = {}
 
-    def open(self, span: str) -> None:
-        self.opened[span] = time.perf_counter()
+    def open(self, phase: str) -> None:
+        if phase:
+            self.opened[phase] = time.perf_counter()
 
-    def close(self, span: str, phase: str) -> None:
-        start = self.opened.pop(span, None)
-        if start is not None:
-            self.seconds[phase] += time.perf_counter() - start
+    def close(self, phase: str) -> None:
+        """Adds the time since ``open(phase)``; nothing if that span is not open."""
+        if phase in self.opened:
+            self.seconds[phase] += time.perf_counter() - self.opened.pop(phase)
 
     @contextmanager
     def time(self, phase: str) -> Iterator[None]:
@@ -57,84 +48,57 @@ class SampleClock:
         finally:
             self.seconds[phase] += time.perf_counter() - start
 
-    def mark(self, pipeline: str, end: bool) -> None:
-        """A :class:`PipelineMark` ran at the start or the end of ``pipeline``."""
-        if pipeline == "env_to_module" and end:
-            self.close(pipeline, "connectors")
-            self.open("inference")
-        elif pipeline == "module_to_env" and not end:
-            self.close("inference", "inference")
-            self.open(pipeline)
-        elif end:
-            self.close(pipeline, "connectors")
-        else:
-            self.open(pipeline)
+    def log(self, metrics: Any, *key: str) -> None:
+        """Logs ``(*key, "profile", "<phase>_s")`` into a ``MetricsLogger`` and starts over."""
+        for phase, seconds in self.seconds.items():
+            metrics.log_value((*key, PROFILE_KEY, f"{phase}_s"), seconds, reduce="sum")
+        self.seconds.clear()
+        self.opened.clear()
 
 
 class PipelineMark(ConnectorV2):
-    """Connector piece that passes the batch through and tells the clock it ran."""
+    """Connector piece that passes the batch through, closing one span and opening another."""
 
     def __init__(
-        self,
-        input_observation_space: Any = None,
-        input_action_space: Any = None,
-        *,
-        clock: SampleClock | None = None,
-        pipeline: str = "",
-        end: bool = False,
+        self, *args: Any, clock: PhaseClock | None = None, spans: tuple[str, str] = ("", "")
     ) -> None:
-        # Not passed on: the checkpointed constructor kwargs stay empty (a restored mark is inert).
-        super().__init__(input_observation_space, input_action_space)
-        self.clock, self.pipeline, self.end = clock, pipeline, end
+        super().__init__(*args)
+        self.clock, (self.closes, self.opens) = clock, spans
 
     @override(ConnectorV2)
     def __call__(self, *, batch: dict[str, Any], **kwargs: Any) -> Any:
         if self.clock is not None:
-            self.clock.mark(self.pipeline, self.end)
+            self.clock.close(self.closes)
+            self.clock.open(self.opens)
         return batch
 
 
-class PipelineStart(PipelineMark):
-    """First piece of a pipeline (own class: pipelines name their pieces' state by class)."""
-
-
-class PipelineEnd(PipelineMark):
-    """Last piece of a pipeline."""
-
-
 class EnvRunnerTimers(EnvRunner):
-    """Times the phases of ``sample()``; combine with an EnvRunner class through
-    :func:`profiling_env_runner_cls`."""
+    """Times the phases of ``sample()``; combined with an EnvRunner by :func:`timed_subclass`."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.sample_clock = SampleClock()
-        # RLlib builds both pipelines in __init__; the marks go at their ends.
-        for name, pipeline in (
-            ("env_to_module", self._env_to_module),
-            ("module_to_env", self._module_to_env),
-        ):
-            pipeline.prepend(PipelineStart(clock=self.sample_clock, pipeline=name))
-            pipeline.append(PipelineEnd(clock=self.sample_clock, pipeline=name, end=True))
+        self.sample_clock = clock = PhaseClock()
+        # Spans (closed, opened): RLlib built both pipelines in __init__; the forward runs between.
+        self._env_to_module.prepend(PipelineMark(clock=clock, spans=("", "connectors")))
+        self._env_to_module.append(PipelineMark(clock=clock, spans=("connectors", "inference")))
+        self._module_to_env.prepend(PipelineMark(clock=clock, spans=("inference", "connectors")))
+        self._module_to_env.append(PipelineMark(clock=clock, spans=("connectors", "")))
 
     @override(EnvRunner)
     def sample(self, *args: Any, **kwargs: Any) -> Any:
-        clock = self.sample_clock
-        clock.seconds.clear()
+        self.sample_clock.seconds.clear()
         # The first forward of this call uses the env-to-module output cached by the last one.
-        clock.open("inference")
-        start = time.perf_counter()
-        episodes = super().sample(*args, **kwargs)
-        clock.seconds["sample"] = time.perf_counter() - start
-        for phase, seconds in clock.seconds.items():
-            self.metrics.log_value((PROFILE_KEY, f"{phase}_s"), seconds, reduce="sum")
+        self.sample_clock.open("inference")
+        with self.sample_clock.time("sample"):
+            episodes = super().sample(*args, **kwargs)
+        self.sample_clock.log(self.metrics)
         return episodes
 
     @override(EnvRunner)
     def _try_env_step(self, actions: Any) -> Any:
-        clock = self.sample_clock
-        clock.opened.pop("inference", None)  # no forward this step (e.g. all envs resetting)
-        with clock.time("env_step"):
+        self.sample_clock.opened.pop("inference", None)  # no forward this step (envs resetting)
+        with self.sample_clock.time("env_step"):
             return super()._try_env_step(actions)
 
 
@@ -143,12 +107,22 @@ def sample_phase(env_runner: Any, phase: str) -> AbstractContextManager[Any]:
     bypasses RLlib's, e.g. fused SMAX sampling): the block counts as ``phase`` when the runner is
     profiled; otherwise nothing happens."""
     clock = getattr(env_runner, "sample_clock", None)
-    return clock.time(phase) if isinstance(clock, SampleClock) else nullcontext()
+    return clock.time(phase) if isinstance(clock, PhaseClock) else nullcontext()
 
 
-def profiling_env_runner_cls(base: type) -> type:
-    """``Profiling<base>``: ``base`` (an EnvRunner class) with :class:`EnvRunnerTimers`."""
-    if issubclass(base, EnvRunnerTimers):
+def timed_subclass(timers: type, base: type) -> type:
+    """``Profiling<base>``: ``base`` with the ``timers`` mixin in front (``base`` if it has it).
+
+    Raises:
+        TypeError: ``base`` does not extend the class ``timers`` extends, naming the fix.
+    """
+    needed = timers.__mro__[1]
+    if issubclass(base, timers):
         return base
-    attrs = {"__module__": __name__, "profiled_class": base}
-    return type(f"Profiling{base.__name__}", (EnvRunnerTimers, base), attrs)
+    if not issubclass(base, needed):
+        raise TypeError(
+            f"profiling needs a {needed.__name__} subclass, got {base.__name__}. Fix: "
+            ".framework('torch') with a torch learner (e.g. rllib_ext.PPOExtTorchLearner)."
+        )
+    attrs = {"__module__": timers.__module__, "profiled_class": base}
+    return type(f"Profiling{base.__name__}", (timers, base), attrs)

@@ -41,7 +41,8 @@ def test_profile_cartpole_writes_breakdown_trace_and_top_ops(
     argv = ["profile", "--iterations", "2", "--warmup", "1", "--out", str(out), "--seed", "0"]
     assert main([*argv, *SMALL]) == 0
     printed = capsys.readouterr().out
-    assert "sampling" in printed and "env_step" in printed and "top 15 operators" in printed
+    assert "sampling" in printed and "env_step" in printed and "top operators" in printed
+    assert str(out / "trace" / "learner.pt.trace.json.gz") in printed
 
     data = json.loads((out / "breakdown.json").read_text())
     _check_breakdown(data, iterations=[2, 3])
@@ -57,9 +58,8 @@ def test_profile_cartpole_writes_breakdown_trace_and_top_ops(
     assert any(n.startswith("aten::") for n in names)  # operator events
     assert any("Optimizer.step" in n for n in names)  # a whole update, optimizer included
     assert any(e.get("ph") == "X" and e.get("dur", 0) > 0 for e in trace["traceEvents"])
-    top = json.loads((out / "top_ops.json").read_text())
-    assert top and top[0]["self_cpu_ms"] >= top[-1]["self_cpu_ms"] > 0
-    assert "Self CPU" in (out / "top_ops.txt").read_text()
+    top_ops = (out / "top_ops.txt").read_text()
+    assert "Self CPU" in top_ops and "aten::" in top_ops
 
 
 @pytest.mark.slow
@@ -79,16 +79,21 @@ def test_profile_stock_rllib_with_a_remote_env_runner(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("ray_session")
-def test_profile_two_learners_with_onebit_times_gradient_communication(tmp_path: Path) -> None:
-    out = tmp_path / "onebit"
-    argv = ["profile", "--num-learners", "2", "--grad-compression", "onebit", "--no-trace"]
+@pytest.mark.parametrize("codec", ["onebit", "powersgd", "fp16"])
+def test_profile_two_learners_with_compression_times_gradient_communication(
+    tmp_path: Path, codec: str
+) -> None:
+    out = tmp_path / codec
+    argv = ["profile", "--num-learners", "2", "--grad-compression", codec, "--no-trace"]
     argv += ["--iterations", "1", "--warmup", "0", "--out", str(out), "--seed", "2"]
     argv += ["--training", '{"train_batch_size_per_learner": 256, "minibatch_size": 128}']
     assert main(argv) == 0
     data = json.loads((out / "breakdown.json").read_text())
     _check_breakdown(data, iterations=[1])
-    assert data["phases"]["learner/grad_comm"]["seconds"] > 0
+    # The hooks' observer saw buckets in flight, within backward.
+    assert 0 < data["phases"]["learner/grad_comm"]["seconds"] <= data["wall_s"]
     assert data["details"]["config"]["num_learners"] == 2
+    assert data["details"]["config"]["learner_config_dict"]["grad_compression"] == codec
     comm = data["details"]["per_iteration"][0]["details"]["comm"]
     assert comm["default_policy"]["comm/bytes_sent"] > 0
 
@@ -107,7 +112,7 @@ def test_enable_profiling_under_tune_adds_results_and_files(tmp_path: Path) -> N
         .env_runners(num_env_runners=0)
         .training(train_batch_size_per_learner=256, minibatch_size=64, num_epochs=1)
     )
-    enable_profiling(config, out_dir=out, iterations=[2], trace_iteration=3)
+    enable_profiling(config, out_dir=out, iterations=[2])  # iteration 3 traced
     tuner = tune.Tuner(
         rllib_ext.PPO,
         param_space=config,

@@ -13,7 +13,12 @@ import rllib_ext
 from rllib_ext.env_runners import AMPSingleAgentEnvRunner
 from rllib_ext.profiling import PHASES, ProfilerCallback, breakdown_of_result, enable_profiling
 from rllib_ext.profiling.breakdown import merge_breakdowns
-from rllib_ext.profiling.env_runner import EnvRunnerTimers, PipelineMark, SampleClock
+from rllib_ext.profiling.env_runner import (
+    EnvRunnerTimers,
+    PhaseClock,
+    PipelineMark,
+    sample_phase,
+)
 from rllib_ext.profiling.learner import LearnerTimers, interval_union
 
 
@@ -52,6 +57,7 @@ def test_breakdown_divides_by_runners_and_learners_and_sums_to_wall() -> None:
             "forward": 0.2,
             "loss": 0.1,
             "backward": 0.2,
+            "grad_comm": 0.08,  # the union of the hooks' bucket intervals
             "optimizer": 0.1,
         },
         modules={
@@ -70,7 +76,7 @@ def test_breakdown_divides_by_runners_and_learners_and_sums_to_wall() -> None:
     # GAE: the same elapsed time is logged under each module; it is part of the connector span.
     assert part.seconds["learner/gae"] == pytest.approx(0.02)
     assert part.seconds["learner/connector"] == pytest.approx(0.03)
-    # Communication: summed over modules, mean over learners, taken out of backward.
+    # Communication: mean over learners, taken out of backward.
     assert part.seconds["learner/grad_comm"] == pytest.approx(0.04)
     assert part.seconds["learner/backward"] == pytest.approx(0.06)
     assert part.seconds["learner/other"] == pytest.approx(0.05)
@@ -87,8 +93,7 @@ def test_breakdown_clamps_comm_to_backward_and_scales_overlong_parts() -> None:
     result = _result(
         1.0,
         env={"sample": 0.5, "env_step": 0.4, "connectors": 0.4},  # more than sample() took
-        learner={"update": 0.4, "forward": 0.3, "backward": 0.1},
-        modules={"p0": {"comm/time_ms": 500.0}},  # buckets overlap: their sum can exceed backward
+        learner={"update": 0.4, "forward": 0.3, "backward": 0.1, "grad_comm": 0.5},
     )
     part = breakdown_of_result(result, num_env_runners=0, num_learners=0)  # local runner/learner
     assert all(v >= 0 for v in part.seconds.values())
@@ -101,16 +106,17 @@ def test_breakdown_clamps_comm_to_backward_and_scales_overlong_parts() -> None:
     assert sum(part.shares.values()) == pytest.approx(1.0)
 
 
-def test_breakdown_prefers_the_observed_comm_intervals_over_the_summed_metric() -> None:
+def test_breakdown_takes_grad_comm_from_the_learner_not_from_the_summed_hook_metric() -> None:
     result = _result(
         1.0,
         env={"sample": 0.5},
-        learner={"update": 0.4, "backward": 0.2, "grad_comm": 0.05},
+        learner={"update": 0.4, "backward": 0.2},
         modules={"p0": {"comm/time_ms": 150.0}},  # overlapping buckets, summed
     )
     part = breakdown_of_result(result, num_env_runners=1, num_learners=1)
-    assert part.seconds["learner/grad_comm"] == pytest.approx(0.05)
-    assert part.seconds["learner/backward"] == pytest.approx(0.15)
+    assert part.seconds["learner/grad_comm"] == 0.0  # DDP's own all-reduce: inside backward
+    assert part.seconds["learner/backward"] == pytest.approx(0.2)
+    assert part.details["comm"]["p0"]["comm/time_ms"] == 150.0
 
 
 @pytest.mark.parametrize(
@@ -146,28 +152,48 @@ def test_merge_weights_iterations_by_time_and_renders_a_table() -> None:
         merge_breakdowns([])
 
 
-def test_sample_clock_attributes_spans_between_pipeline_marks() -> None:
-    clock = SampleClock()
-    marks = {
-        (pipeline, end): PipelineMark(clock=clock, pipeline=pipeline, end=end)
-        for pipeline in ("env_to_module", "module_to_env")
-        for end in (False, True)
-    }
+def test_pipeline_marks_attribute_connectors_and_inference_between_them() -> None:
+    clock = PhaseClock()
+    spans = [("", "connectors"), ("connectors", "inference"), ("inference", "connectors")]
+    marks = [PipelineMark(clock=clock, spans=s) for s in [*spans, ("connectors", "")]]
     batch = {"obs": [1]}
-    for pipeline, end in [
-        ("env_to_module", False),
-        ("env_to_module", True),  # opens inference
-        ("module_to_env", False),  # closes it
-        ("module_to_env", True),
-    ]:
-        assert marks[pipeline, end](batch=batch, rl_module=None, episodes=[]) is batch
+    for mark in marks:  # env-to-module start, end; module-to-env start, end
+        assert mark(batch=batch, rl_module=None, episodes=[]) is batch
     assert set(clock.seconds) == {"connectors", "inference"} and not clock.opened
     # A module-to-env start without an open inference span adds nothing to inference.
     before = clock.seconds["inference"]
-    marks["module_to_env", False](batch=batch)
-    assert clock.seconds["inference"] == before and set(clock.opened) == {"module_to_env"}
-    # A restored mark (no clock) only passes the batch through.
+    marks[2](batch=batch)
+    assert clock.seconds["inference"] == before and set(clock.opened) == {"connectors"}
+    # A mark without a clock only passes the batch through.
     assert PipelineMark()(batch=batch) is batch
+
+
+def test_phase_clock_logs_summed_seconds_and_starts_over() -> None:
+    class Metrics:
+        def __init__(self) -> None:
+            self.logged: list[tuple[tuple[str, ...], float, str]] = []
+
+        def log_value(self, key: tuple[str, ...], value: float, *, reduce: str) -> None:
+            self.logged.append((key, value, reduce))
+
+    clock, metrics = PhaseClock(), Metrics()
+    for _ in range(2):
+        with clock.time("backward"):
+            pass
+    clock.open("update")
+    clock.close("update")
+    clock.close("never_opened")
+    clock.open("left_open")
+    clock.log(metrics, "__all_modules__")
+    keys = [key for key, _, _ in metrics.logged]
+    assert keys == [("__all_modules__", "profile", f"{p}_s") for p in ("backward", "update")]
+    assert all(v >= 0 and reduce == "sum" for _, v, reduce in metrics.logged)
+    assert not clock.seconds and not clock.opened
+    # An EnvRunner's own sampling loop reports phases only when it is profiled.
+    runner = type("Runner", (), {"sample_clock": clock})()
+    with sample_phase(runner, "env_step"), sample_phase(object(), "env_step"):
+        pass
+    assert set(clock.seconds) == {"env_step"}
 
 
 def test_enable_profiling_selects_timing_subclasses_of_the_configured_classes(tmp_path) -> None:
@@ -176,11 +202,12 @@ def test_enable_profiling_selects_timing_subclasses_of_the_configured_classes(tm
     runner, learner = config.env_runner_cls, config.learner_class
     assert issubclass(runner, EnvRunnerTimers) and issubclass(runner, SingleAgentEnvRunner)
     assert issubclass(learner, LearnerTimers) and issubclass(learner, rllib_ext.PPOExtTorchLearner)
-    callback = next(c for c in [config.callbacks_class] if issubclass(c, ProfilerCallback))
-    assert callback.iterations == (2, 3, 4) and callback.trace_iteration == 5
+    callback = config.callbacks_class
+    assert issubclass(callback, ProfilerCallback)
+    assert callback.iterations == (2, 3, 4) and callback.trace
     assert (tmp_path / "p").is_dir()
     # Applying it twice does not stack subclasses.
-    enable_profiling(config, out_dir=None, trace_iteration=None)
+    enable_profiling(config, out_dir=None)
     assert config.env_runner_cls.__mro__[1:3] == (EnvRunnerTimers, SingleAgentEnvRunner)
     # amp_inference keeps rllib_ext's AMP runner underneath; the stock route keeps RLlib's learner.
     amp = rllib_ext.PPOConfig().environment("CartPole-v1").training(amp="bf16", amp_inference=True)
@@ -191,14 +218,15 @@ def test_enable_profiling_selects_timing_subclasses_of_the_configured_classes(tm
     stock = enable_profiling(RLlibPPOConfig().environment("CartPole-v1"), out_dir=None)
     assert issubclass(stock.learner_class, PPOTorchLearner)
     assert stock.learner_class.profiled_class is PPOTorchLearner
+    assert not stock.callbacks_class.trace  # no out_dir: nowhere to write a trace
 
 
 def test_enable_profiling_rejects_bad_options_naming_the_fix(tmp_path) -> None:
     config = rllib_ext.PPOConfig().environment("CartPole-v1")
     with pytest.raises(ValueError, match=r"iterations=\(0,\).*>= 1"):
         enable_profiling(config, out_dir=None, iterations=[0])
-    with pytest.raises(ValueError, match="trace_iteration=0"):
-        enable_profiling(config, out_dir=None, trace_iteration=0)
+    with pytest.raises(TypeError, match="needs a TorchLearner subclass, got object. Fix:"):
+        enable_profiling(config.learners(learner_class=object), out_dir=None)
     blocker = tmp_path / "file"
     blocker.write_text("x")
     with pytest.raises(ValueError, match="not writable.*Fix"):
