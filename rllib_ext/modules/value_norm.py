@@ -78,7 +78,7 @@ class ValueNorm(nn.Module):
     Args:
         beta: decay per :meth:`update` call, in ``(0, 1)``.
 
-    Buffers (float64, shape ``[]``): ``running_mean``, ``running_mean_sq``,
+    Buffers (float32, shape ``[]``): ``running_mean``, ``running_mean_sq``,
     ``debiasing_term``.
     """
 
@@ -91,18 +91,21 @@ class ValueNorm(nn.Module):
         if not 0.0 < beta < 1.0:
             raise ValueError(f"beta={beta!r}; allowed: a float in (0, 1).")
         self.beta = float(beta)
-        # float64: sums of squared returns over a long run lose digits in float32.
+        # float32 like MAPPO's: RLlib's state restore converts float64 arrays to float32, so
+        # float64 buffers would not round-trip through a checkpoint bit for bit. The transform
+        # itself is computed in float64 (see mean_std).
         for name in ("running_mean", "running_mean_sq", "debiasing_term"):
-            self.register_buffer(name, torch.zeros((), dtype=torch.float64))
+            self.register_buffer(name, torch.zeros((), dtype=torch.float32))
 
     def mean_std(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Debiased ``(mean, std)``, float64 scalars; ``(0, 1)`` before the first update."""
-        # Exactly 0 until the first update (float64: 1 - beta^n stays representable after).
+        # Exactly 0 until the first update; 1 - beta^n > 0 (representable) after it.
         if float(self.debiasing_term) == 0.0:
             one = torch.ones((), dtype=torch.float64, device=self.running_mean.device)
             return one * 0.0, one
-        mean = self.running_mean / self.debiasing_term
-        mean_sq = self.running_mean_sq / self.debiasing_term
+        debias = self.debiasing_term.double()
+        mean = self.running_mean.double() / debias
+        mean_sq = self.running_mean_sq.double() / debias
         var = (mean_sq - mean**2).clamp(min=_VAR_MIN)
         return mean, var.sqrt()
 

@@ -11,6 +11,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from ray.rllib.connectors.learner import GeneralAdvantageEstimation
 from ray.rllib.core.columns import Columns
 from ray.rllib.core.rl_module.multi_rl_module import MultiRLModuleSpec
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
@@ -114,7 +115,7 @@ def test_rule_matches_the_dead_count_in_real_battles(backend):
 # -- the loss ---------------------------------------------------------------------------------
 
 
-def learner(**options):
+def learner(gae="vectorized", **options):
     obs_space = gym.spaces.Dict(
         {
             "observations": gym.spaces.Box(-np.inf, np.inf, (OBS_DIM,), np.float32),
@@ -133,7 +134,7 @@ def learner(**options):
         .environment(observation_space=obs_space, action_space=action_space)
         .multi_agent(policies={MID}, policy_mapping_fn=lambda *args, **kwargs: MID)
         .rl_module(rl_module_spec=MultiRLModuleSpec(rl_module_specs={MID: spec}))
-        .training(entropy_coeff=0.01, vf_clip_param=1e6)
+        .training(entropy_coeff=0.01, vf_clip_param=1e6, gae=gae)
         .debugging(seed=0)
     )
     built = config.build_learner()
@@ -222,6 +223,10 @@ def test_pipeline_order_and_off_by_default():
     assert pieces[-3:] == [DeathMask, VectorizedGAE, UpdateValueNorm]
     pieces = [type(p) for p in learner()._learner_connector]
     assert DeathMask not in pieces and UpdateValueNorm not in pieces
+    # RLlib's own GAE piece gets the same neighbours (it also reads compute_values).
+    both = learner(gae="rllib", death_masking=True, value_norm=True)
+    pieces = [type(p) for p in both._learner_connector]
+    assert pieces[-3:] == [DeathMask, GeneralAdvantageEstimation, UpdateValueNorm]
 
 
 def test_value_loss_is_on_the_normalized_scale():
