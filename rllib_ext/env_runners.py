@@ -7,7 +7,7 @@ stored in episodes (and used in PPO's importance ratio) are fp32 like RLlib's.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from ray.rllib.connectors.connector_v2 import ConnectorV2
@@ -36,8 +36,14 @@ class CastToFloat32(ConnectorV2):
         return cast(batch)
 
 
-class _AutocastSampling:
-    """Mixed into RLlib's env runners: autocast around ``sample()``."""
+if TYPE_CHECKING:
+    from ray.rllib.env.env_runner import EnvRunner as _EnvRunnerBase
+else:
+    _EnvRunnerBase = object
+
+
+class _AutocastSampling(_EnvRunnerBase):
+    """Mixed into RLlib's env runners (before them in the bases): autocast around ``sample()``."""
 
     def _setup_amp_inference(self) -> None:
         amp = ExtensionSettings.from_learner_config_dict(self.config.learner_config_dict).amp

@@ -24,12 +24,15 @@ import functools
 import logging
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from ray import tune as _tune
 from ray.tune import *  # noqa: F403 (the rest of Ray Tune, unchanged)
 
 from rllib_ext.compat.resources import fit_resources_enabled
+
+if TYPE_CHECKING:
+    from ray.rllib.algorithms.algorithm import Algorithm
 
 __all__ = ["MAX_ITERATIONS_ENV", "iteration_cap", "resolve_trainable", "run"]
 
@@ -90,7 +93,7 @@ def _reached(cap: int, trial_id: str, result: Mapping[str, Any]) -> bool:
     return result.get("training_iteration", 0) >= cap
 
 
-def _is_rllib_trainable(trainable: Any) -> bool:
+def _is_rllib_trainable(trainable: Any) -> TypeGuard[type[Algorithm]]:
     from ray.rllib.algorithms.algorithm import Algorithm
 
     return isinstance(trainable, type) and issubclass(trainable, Algorithm)
@@ -153,7 +156,7 @@ def run(
     )
 
 
-def _explain_resources_per_trial(trainable: type, config: Any, asked: Any) -> None:
+def _explain_resources_per_trial(trainable: type[Algorithm], config: Any, asked: Any) -> None:
     from rllib_ext.compat.resources import resource_request
 
     reserved = None

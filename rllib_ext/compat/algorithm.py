@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
@@ -17,7 +17,13 @@ from rllib_ext.compat.resources import check_request
 __all__ = ["LegacyAlgorithmMixin"]
 
 
-class LegacyAlgorithmMixin:
+if TYPE_CHECKING:
+    from ray.rllib.algorithms.algorithm import Algorithm as _AlgorithmBase
+else:
+    _AlgorithmBase = object
+
+
+class LegacyAlgorithmMixin(_AlgorithmBase):
     """Old metric names in every result; an unfulfillable Tune request fails in one line."""
 
     @override(Algorithm)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray.rllib.algorithms.algorithm_config import DEPRECATED_VALUE, AlgorithmConfig, NotProvided
 from ray.rllib.utils.annotations import override
@@ -92,8 +92,17 @@ def _takes_only_agent_id(fn: Any) -> bool:
     return len(positional) == 1
 
 
-class LegacyAPIMixin:
+if TYPE_CHECKING:
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig as _ConfigBase
+else:
+    _ConfigBase = object
+
+
+class LegacyAPIMixin(_ConfigBase):
     """The 2023 API for an RLlib ``AlgorithmConfig`` subclass (``rllib_ext.PPOConfig``)."""
+
+    callbacks_on_train_result: Any
+    """RLlib's attribute (set in ``AlgorithmConfig.__init__``), declared for the type checker."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -221,6 +221,8 @@ def fit_to_machine(config: Any, *, have: Machine | None = None) -> dict[str, Any
     n_learners, gpl = int(config.num_learners), float(config.num_gpus_per_learner)
     learner_gpus = gpl * max(n_learners, 1)
     if learner_gpus > have.gpu + 1e-9:
+        new_n: int
+        new_gpl: float
         if have.gpu < 1e-9:
             new_n, new_gpl = 0, 0
         elif have.gpu < 2 or gpl > have.gpu:

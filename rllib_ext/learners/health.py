@@ -50,9 +50,11 @@ FROZEN_AFTER_INTERRUPT_S = 10.0
 EXIT_LEARNER_HUNG = 1
 
 
-@ray.remote(num_cpus=0)
 class HeartbeatBoard:
-    """Last beat per learner, timed on arrival with this actor's clock (no clock skew)."""
+    """Last beat per learner, timed on arrival with this actor's clock (no clock skew).
+
+    Runs as a Ray actor (:data:`_BOARD_ACTOR`); the class itself is plain Python.
+    """
 
     def __init__(self) -> None:
         self._last: dict[str, float] = {}
@@ -64,6 +66,10 @@ class HeartbeatBoard:
         """Seconds since each learner's last beat."""
         now = time.monotonic()
         return {key: now - last for key, last in self._last.items()}
+
+
+_BOARD_ACTOR: Any = ray.remote(num_cpus=0)(HeartbeatBoard)
+"""``HeartbeatBoard`` as a Ray actor class (no CPU reserved: it only stores timestamps)."""
 
 
 _boards: dict[str, Any] = {}
@@ -136,7 +142,7 @@ class LearnerWatchdog:
         group = self._algo.learner_group
         if group is None or group.is_local:
             return self
-        self._board = HeartbeatBoard.remote()
+        self._board = _BOARD_ACTOR.remote()
         results = group.foreach_learner(functools.partial(_start_beating, board=self._board))
         for result in results:
             key, handle = result.get()
