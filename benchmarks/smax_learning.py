@@ -209,7 +209,11 @@ def _config(args: argparse.Namespace) -> Any:
         )
         .rl_module(
             rl_module_spec=smac_module_spec(central_critic=args.central_critic),
-            model_config={"fcnet_hiddens": args.hiddens, "fcnet_activation": "relu"},
+            model_config={
+                "fcnet_hiddens": args.hiddens,
+                "fcnet_activation": "relu",
+                **json.loads(args.model_options),
+            },
         )
         .callbacks(SMACMetricsCallback)
         .env_runners(
@@ -382,6 +386,12 @@ def main() -> None:
         "--smax-options",
         default="{}",
         help="HeuristicEnemySMAX arguments as JSON, e.g. '{\"see_enemy_actions\": true}'",
+    )
+    lp.add_argument(
+        "--model-options",
+        default="{}",
+        help="extra model_config keys of the masked module as JSON, e.g. "
+        '\'{"value_norm": true, "death_masking": true}\'',
     )
     args = parser.parse_args()
     throughput(args) if args.command == "throughput" else learn(args)
