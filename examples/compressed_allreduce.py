@@ -6,9 +6,9 @@ True``, ``grad_clip: 0.5``), ``use_kl_loss=True`` / ``kl_coeff=0.3``, a [256, 25
 ``episode_reward_mean`` 450. On RLlib's new API stack that becomes:
 
 * ``communication={...}`` passed to ``rllib_ext.PPOConfig.training()`` as written:
-  ``compression: True`` means fp16 gradients on the wire, ``type`` sets ``comm_backend``
-  (``NCCL`` needs GPU learners: on a CPU machine use ``GLOO`` or ``AUTO``), ``grad_clip``
-  is RLlib's ``grad_clip``;
+  ``compression: True`` means fp16 gradients on the wire, ``type`` is checked against the
+  learners (RLlib picks NCCL on GPU learners, gloo on CPU; ``NCCL`` without GPU learners is an
+  error: on a CPU machine use ``GLOO`` or ``AUTO``), ``grad_clip`` is RLlib's ``grad_clip``;
 * the 2 GPUs as ``.learners(num_learners=2, num_gpus_per_learner=1)`` (2 CPU learners here);
   gradient compression only acts between learners, so ``num_learners >= 2``;
 * ``--compression powersgd`` / ``onebit`` swap in the stronger compressors;

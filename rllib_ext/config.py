@@ -38,7 +38,7 @@ __all__ = ["PPO", "PPOConfig"]
 
 def _training_parameters() -> frozenset[str]:
     names: set[str] = set()
-    for cls in (_RLlibPPOConfig, AlgorithmConfig):
+    for cls in (LegacyAPIMixin, _RLlibPPOConfig, AlgorithmConfig):
         sig = inspect.signature(cls.training)
         names.update(
             p.name for p in sig.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY

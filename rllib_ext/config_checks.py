@@ -7,7 +7,7 @@ the same combination with the same message. It reads the config and never change
 
 The per-key checks are in :mod:`rllib_ext.settings`; this module adds the rules that need other
 parts of the config (learner resources, ``torch_compile_learner``, the env-runner class, GAE's
-``gamma``/``lambda_``).
+``gamma``/``lambda_``, the tutorial's ``communication_type``).
 """
 
 from __future__ import annotations
@@ -88,6 +88,8 @@ def check_algorithm_config(config: Any) -> ConfigCheck:
         settings.comm,
         num_learners=config.num_learners,
         num_gpus_per_learner=config.num_gpus_per_learner,
+        # rllib_ext.PPOConfig's attribute; a stock config built from its dict carries it too.
+        communication_type=getattr(config, "communication_type", None),
     )
     return ConfigCheck(settings=settings, warnings=tuple(warnings))
 
@@ -113,28 +115,38 @@ def _check_amp_env_runner(config: Any) -> None:
 
 
 def check_comm_resources(
-    comm: CompressionSettings, *, num_learners: int, num_gpus_per_learner: float
+    comm: CompressionSettings,
+    *,
+    num_learners: int,
+    num_gpus_per_learner: float,
+    communication_type: str | None = None,
 ) -> list[str]:
-    """Checks the compression settings against the learners' resources.
+    """Checks the compression settings and the tutorial's communication type against the learners.
+
+    The process-group backend is RLlib's choice (``LearnerGroup`` with Ray Train's
+    ``TorchConfig()``: NCCL between GPU learners, gloo between CPU learners); a
+    ``communication_type`` (``"auto"``, ``"nccl"``, ``"gloo"``) that names another backend
+    than the one RLlib will create is an error.
 
     Returns:
         Warnings (settings that are valid but have no effect).
 
     Raises:
-        ValueError: for a backend the learners cannot use.
+        ValueError: for a communication type the learners cannot run.
     """
     on_gpu = num_gpus_per_learner > 0
-    if comm.comm_backend == "nccl" and not on_gpu:
+    if communication_type == "nccl" and not on_gpu:
         raise ValueError(
-            "comm_backend='nccl' but the learners have no GPU (num_gpus_per_learner=0); NCCL "
-            "only runs between GPUs. Fix: comm_backend='auto' (gloo on CPUs) or "
-            ".learners(num_gpus_per_learner=1)."
+            "communication type 'nccl' but the learners have no GPU (num_gpus_per_learner=0); "
+            "NCCL only runs between GPUs and RLlib uses gloo between CPU learners. Fix: drop the "
+            "type (or use 'gloo'/'auto'), .learners(num_gpus_per_learner=1), or "
+            "RLLIB_EXT_FIT_RESOURCES=1 to fit the config to this machine."
         )
-    if comm.comm_backend == "gloo" and on_gpu:
+    if communication_type == "gloo" and on_gpu:
         raise ValueError(
-            "comm_backend='gloo' with GPU learners is not supported: RLlib's learner group "
-            "(Ray Train) creates an NCCL process group whenever learners have GPUs. "
-            "Fix: comm_backend='auto' or 'nccl'."
+            "communication type 'gloo' with GPU learners is not supported: RLlib's learner group "
+            "(Ray Train's TorchConfig) uses NCCL whenever learners have GPUs. Fix: drop the type "
+            "(or use 'nccl'/'auto'), or .learners(num_gpus_per_learner=0)."
         )
     warnings = []
     if comm.grad_compression is not None and num_learners < 2:

@@ -13,11 +13,19 @@ its default, its range (``metadata={"bounds": ...}``) and its docstring. Validat
 (:func:`setting_specs`), so a new setting is one edit here. Checks that involve the rest of the
 RLlib config live in :mod:`rllib_ext.config_checks`.
 
+The learners' process-group backend is not a setting: RLlib 2.58's ``LearnerGroup`` builds it
+with Ray Train's ``TorchConfig()`` (NCCL between GPU learners, gloo between CPU learners) in a
+module-level function, not a seam. The tutorial's ``communication={"type": "NCCL"}`` is still
+accepted as :attr:`rllib_ext.PPOConfig.communication_type` and checked against the learners'
+resources (:func:`rllib_ext.config_checks.check_comm_resources`); the removed ``comm_backend``
+key is dropped, with a one-time warning, where stored settings are read (:data:`REMOVED_KEYS`).
+
 No Ray or torch import: the command line reads this module to build its ``--help``.
 """
 
 from __future__ import annotations
 
+import logging
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
@@ -27,6 +35,7 @@ from rllib_ext._validation import (
     Bounds,
     SettingSpec,
     check_bool,
+    check_choice,
     check_fields,
     field_specs,
     unknown_keys_error,
@@ -37,19 +46,23 @@ __all__ = [
     "AMPSettings",
     "BATCHING_IMPLS",
     "BatchingSettings",
-    "COMM_BACKENDS",
+    "COMMUNICATION_TYPES",
     "COMPRESSORS",
     "CompressionSettings",
     "ExtensionSettings",
     "GAESettings",
     "GAE_IMPLS",
+    "REMOVED_KEYS",
     "STANDARDIZE_MODES",
     "SettingSpec",
     "TRAINING_ALIASES",
+    "check_communication_type",
     "extension_keys",
     "setting_specs",
     "split_extension_kwargs",
 ]
+
+logger = logging.getLogger("rllib_ext.settings")
 
 
 def _bounds(**kwargs: Any) -> dict[str, Any]:
@@ -166,10 +179,6 @@ class CompressionSettings:
     After them, 1-bit compression of ``g / rms`` (the frozen RMS, identical on all ranks), the
     1-bit Adam recipe. 0 = plain scaled-sign 1-bit from the first step."""
 
-    comm_backend: Literal["auto", "nccl", "gloo"] = "auto"
-    """Process-group backend of the learners (``"auto"``: NCCL on GPUs, gloo on CPUs).
-    ``"auto"`` is Ray Train's choice. Checked against the learners' resources."""
-
     def __post_init__(self) -> None:
         if self.grad_compression is False:
             object.__setattr__(self, "grad_compression", None)
@@ -204,7 +213,51 @@ STANDARDIZE_MODES: tuple[str, ...] = _choices("standardize_advantages")
 BATCHING_IMPLS: tuple[str, ...] = _choices("batching")
 AMP_MODES: tuple[Any, ...] = _choices("amp")
 COMPRESSORS: tuple[Any, ...] = _choices("grad_compression")
-COMM_BACKENDS: tuple[str, ...] = _choices("comm_backend")
+
+COMMUNICATION_TYPES: tuple[str, ...] = ("auto", "nccl", "gloo")
+"""The tutorial's ``communication={"type": ...}`` values (any case). RLlib picks the backend itself
+(NCCL on GPU learners, gloo on CPU); the type is only checked against the learners' resources."""
+
+REMOVED_KEYS: dict[str, str] = {
+    "comm_backend": (
+        "the setting was removed; RLlib picks the learners' process-group backend itself "
+        "(nccl on GPU learners, gloo on CPU)"
+    ),
+}
+"""Keys of earlier versions, tolerated in stored settings (dropped with a one-time warning)."""
+
+_warned_removed: set[str] = set()
+
+
+def _drop_removed_keys(flat: Mapping[str, Any], *, where: str) -> dict[str, Any]:
+    """``flat`` without :data:`REMOVED_KEYS`; warns once per process and key."""
+    for key in REMOVED_KEYS.keys() & flat.keys():
+        if key not in _warned_removed:
+            _warned_removed.add(key)
+            logger.warning(
+                "%s=%r in %s is ignored: %s. (A config or checkpoint from an earlier rllib_ext.)",
+                key,
+                flat[key],
+                where,
+                REMOVED_KEYS[key],
+            )
+    return {k: v for k, v in flat.items() if k not in REMOVED_KEYS}
+
+
+def check_communication_type(value: Any) -> str:
+    """The tutorial's ``communication.type`` (``"NCCL"``...), lower-cased.
+
+    Raises:
+        ValueError: for a value not in :data:`COMMUNICATION_TYPES` (any case).
+    """
+    lowered = value.lower() if isinstance(value, str) else value
+    check_choice(
+        "communication type",
+        lowered,
+        COMMUNICATION_TYPES,
+        example='communication={"type": "nccl"}, or leave the type out (RLlib picks)',
+    )
+    return str(lowered)
 
 
 def _communication_alias(block: Any) -> dict[str, Any]:
@@ -221,11 +274,11 @@ def _communication_alias(block: Any) -> dict[str, Any]:
             unknown,
             allowed,
             what="communication key(s)",
-            fix="use grad_compression=..., comm_backend=..., grad_clip=... directly.",
+            fix="use grad_compression=..., communication_type=..., grad_clip=... directly.",
         )
     out: dict[str, Any] = {}
     if "type" in block:
-        out["comm_backend"] = str(block["type"]).lower()
+        out["communication_type"] = check_communication_type(block["type"])
     if "compression" in block:
         comp = block["compression"]
         # `compression: True` in the tutorial meant fp16 on the wire.
@@ -265,9 +318,13 @@ class ExtensionSettings:
     ) -> ExtensionSettings:
         """Builds settings from flat keys (``{"gae": "vectorized", ...}``).
 
+        Keys of :data:`REMOVED_KEYS` (settings of earlier versions, e.g. in an old checkpoint's
+        config) are dropped with a one-time warning.
+
         Raises:
             ValueError: for an unknown key or a bad value.
         """
+        flat = _drop_removed_keys(flat, where=where)
         known = extension_keys()
         unknown = [key for key in flat if key not in known]
         if unknown:
@@ -308,15 +365,25 @@ class ExtensionSettings:
 
 
 def split_extension_kwargs(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Splits ``.training(**kwargs)`` into (extension flags, RLlib kwargs), resolving aliases.
+    """Splits ``.training(**kwargs)`` into (extension flags, other kwargs), resolving aliases.
+
+    The tutorial's ``communication`` block becomes ``grad_compression`` (a flag), ``grad_clip``
+    and ``communication_type`` (``rllib_ext.PPOConfig.training`` keywords).
 
     Raises:
-        ValueError: an alias given together with its new name, or a bad alias value.
+        ValueError: an alias given together with its new name, a bad alias value, or a key of
+            :data:`REMOVED_KEYS` (explicit code is told; stored settings are tolerated).
     """
     known = set(extension_keys())
     ext: dict[str, Any] = {}
     rest: dict[str, Any] = {}
     for key, value in kwargs.items():
+        if key in REMOVED_KEYS:
+            raise ValueError(
+                f"{key}={value!r} is no longer a setting: {REMOVED_KEYS[key]}. Fix: drop it; the "
+                'tutorial\'s communication={"type": ...} is still accepted and checked against '
+                "the learners' resources."
+            )
         if key == "communication":
             for new, converted in _communication_alias(value).items():
                 if new in kwargs:

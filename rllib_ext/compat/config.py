@@ -12,6 +12,9 @@
   ``num_envs_per_worker``, ``horizon``, ``"training": {...}``, ``"communication": {...}``,
   ``"model"`` and the ``.training()`` aliases (``num_sgd_iter``...); the training keys go through
   ``.training()``, where the aliases live (:mod:`rllib_ext.settings`);
+* ``communication={"type": "NCCL", ...}``: the type is kept as :attr:`LegacyAPIMixin.communication_type`
+  and checked against the learners' resources by ``validate()``; it chooses nothing, RLlib picks
+  NCCL between GPU learners and gloo between CPU learners;
 * ``policy_mapping_fn=lambda agent_id: ...`` (one argument, as RLlib 1.x called it);
 * :attr:`resources_total`: what the run asks of Ray, in Tune's ``resources_per_trial`` form;
 * the old result names (``episode_reward_mean``...) via ``callbacks_on_train_result``.
@@ -39,7 +42,7 @@ from rllib_ext.compat.resources import (
     learners_for_num_gpus,
     resource_request,
 )
-from rllib_ext.settings import TRAINING_ALIASES
+from rllib_ext.settings import TRAINING_ALIASES, check_communication_type
 
 __all__ = ["AgentIdMapping", "LegacyAPIMixin"]
 
@@ -104,8 +107,18 @@ class LegacyAPIMixin(_ConfigBase):
     callbacks_on_train_result: Any
     """RLlib's attribute (set in ``AlgorithmConfig.__init__``), declared for the type checker."""
 
+    communication_type: str | None
+    """The tutorial's ``communication={"type": ...}``, lower-cased; ``None`` when not given.
+
+    Not a backend choice: RLlib 2.58's learner group picks NCCL between GPU learners and gloo
+    between CPU learners. ``validate()`` checks the type against the learners' resources
+    (:func:`rllib_ext.config_checks.check_comm_resources`); with ``RLLIB_EXT_FIT_RESOURCES=1``
+    ``"nccl"`` on CPU learners becomes ``"gloo"``.
+    """
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.communication_type = None
         if self.callbacks_on_train_result is None:
             # A stock "PPO" trainable built from this config's dict reports the old names too.
             self.callbacks_on_train_result = legacy_metrics_on_train_result
@@ -202,6 +215,29 @@ class LegacyAPIMixin(_ConfigBase):
         return self
 
     @override(AlgorithmConfig)
+    def training(self, *, communication_type: Any = NotProvided, **kwargs: Any) -> Any:
+        """RLlib's ``training()`` plus ``communication_type`` (see the attribute).
+
+        Raises:
+            ValueError: for a type other than ``"auto"``, ``"nccl"``, ``"gloo"`` (any case).
+        """
+        if communication_type is NotProvided:
+            return super().training(**kwargs)
+        checked = (
+            None if communication_type is None else check_communication_type(communication_type)
+        )
+        super().training(**kwargs)
+        self.communication_type = checked
+        if checked is not None:
+            _log_mapping(
+                f"communication type {checked!r}",
+                "RLlib picks nccl on GPU learners, gloo on CPU (the type is checked against the "
+                "learners' resources)",
+            )
+        self._fit_resources_if_asked()
+        return self
+
+    @override(AlgorithmConfig)
     def env_runners(self, *args: Any, **kwargs: Any) -> Any:
         super().env_runners(*args, **kwargs)
         self._fit_resources_if_asked()
@@ -240,6 +276,9 @@ class LegacyAPIMixin(_ConfigBase):
             training.update(block)
         if "communication" in rest:
             training["communication"] = rest.pop("communication")
+        if rest.get("communication_type", None) is not None:
+            # Our own attribute in a to_dict() round trip: checked like the tutorial's block.
+            training["communication_type"] = rest.pop("communication_type")
         for key in TRAINING_ALIASES:
             if key in rest:
                 value = rest.pop(key)

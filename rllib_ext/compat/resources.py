@@ -207,8 +207,8 @@ def fit_to_machine(config: Any, *, have: Machine | None = None) -> dict[str, Any
     on CPU); CPU learners are cut to the CPUs left after the main process; env runners take the
     CPUs that are left, where one would be left it samples in the main process instead (0 env
     runners); env runners' GPUs are
-    dropped when they do not fit; ``comm_backend="nccl"`` becomes ``"auto"`` (gloo) for CPU
-    learners. One CPU always stays with the main process.
+    dropped when they do not fit; the tutorial's ``communication_type="nccl"`` becomes
+    ``"gloo"`` (what RLlib runs between CPU learners). One CPU always stays with the main process.
 
     Returns:
         The changed settings, ``{name: (old, new)}`` (empty when the config already fits).
@@ -265,11 +265,10 @@ def fit_to_machine(config: Any, *, have: Machine | None = None) -> dict[str, Any
         AlgorithmConfig.env_runners(
             config, **{k: changes[k][1] for k in runner_keys if k in changes}
         )
-    lcd = config.learner_config_dict
-    if lcd.get("comm_backend") == "nccl" and gpl == 0:
-        # NCCL only runs between GPUs; "auto" picks gloo for CPU learners.
-        lcd["comm_backend"] = "auto"
-        changes["comm_backend"] = ("nccl", "auto")
+    if getattr(config, "communication_type", None) == "nccl" and gpl == 0:
+        # NCCL only runs between GPUs; RLlib's learner group uses gloo for CPU learners.
+        config.communication_type = "gloo"
+        changes["communication_type"] = ("nccl", "gloo")
     if changes:
         from ray.util import log_once
 

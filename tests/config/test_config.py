@@ -13,9 +13,15 @@ import pytest
 from ray.rllib.algorithms.ppo import PPOConfig as StockPPOConfig
 
 import rllib_ext
-from rllib_ext.config_checks import check_algorithm_config
+from rllib_ext import settings as settings_mod
+from rllib_ext.config_checks import check_algorithm_config, check_comm_resources
 from rllib_ext.learners.ppo import PPOExtTorchLearner
-from rllib_ext.settings import ExtensionSettings, extension_keys, setting_specs
+from rllib_ext.settings import (
+    CompressionSettings,
+    ExtensionSettings,
+    extension_keys,
+    setting_specs,
+)
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -153,9 +159,35 @@ def test_tutorial_communication_block_maps_to_settings() -> None:
     cfg = rllib_ext.PPOConfig().training(
         communication={"type": "GLOO", "compression": True, "grad_clip": 0.5}
     )
-    assert cfg.learner_config_dict["comm_backend"] == "gloo"
+    assert cfg.communication_type == "gloo"  # checked at validate(), chooses nothing
+    assert "comm_backend" not in cfg.learner_config_dict
     assert cfg.learner_config_dict["grad_compression"] == "fp16"
     assert cfg.grad_clip == 0.5
+    for clone in (cfg.copy(), rllib_ext.PPOConfig.from_dict(cfg.to_dict())):
+        assert clone.communication_type == "gloo"
+
+
+def test_comm_backend_is_no_flag_and_old_stored_settings_still_load(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from rllib_ext.cli.options import EXTENSION_OPTIONS
+
+    assert "comm_backend" not in extension_keys()
+    assert not [o for o in EXTENSION_OPTIONS if "backend" in o.flag]
+    # A config saved by an earlier version carries comm_backend in learner_config_dict.
+    expected = ExtensionSettings.from_flat({"gae": "rllib"})
+    old = {**expected.to_flat(), "comm_backend": "auto"}
+    settings_mod._warned_removed.discard("comm_backend")
+    with caplog.at_level(logging.WARNING, logger="rllib_ext"):
+        first = ExtensionSettings.from_learner_config_dict(old)
+        second = ExtensionSettings.from_learner_config_dict(old)
+    assert first == second == expected
+    (record,) = [r for r in caplog.records if "comm_backend" in r.getMessage()]
+    assert "nccl on GPU learners, gloo on CPU" in record.getMessage()
+    stored = rllib_ext.PPOConfig().environment("CartPole-v1")
+    stored.learner_config_dict["comm_backend"] = "nccl"
+    stored.validate()  # dropped, not checked: RLlib picks the backend
+    assert check_algorithm_config(stored).settings == ExtensionSettings()
 
 
 @pytest.mark.parametrize(
@@ -163,7 +195,9 @@ def test_tutorial_communication_block_maps_to_settings() -> None:
     [
         ({"grad_compression": "zip"}, r"grad_compression='zip'.*'powersgd', 'onebit'"),
         ({"powersgd_rank": 0}, r"powersgd_rank=0.*>= 1"),
-        ({"comm_backend": "mpi"}, r"comm_backend='mpi'.*'auto', 'nccl', 'gloo'"),
+        ({"communication": {"type": "MPI"}}, r"communication type='mpi'.*'auto', 'nccl', 'gloo'"),
+        ({"communication_type": 2}, r"communication type=2.*'auto', 'nccl', 'gloo'"),
+        ({"comm_backend": "nccl"}, r"comm_backend='nccl' is no longer a setting.*Fix: drop it"),
         ({"communication": {"type": "NCCL", "fast": 1}}, r"communication key\(s\): 'fast'"),
     ],
 )
@@ -173,10 +207,44 @@ def test_bad_compression_input(kwargs: dict, pattern: str) -> None:
 
 
 def test_nccl_without_gpus_is_an_error_at_validate() -> None:
-    cfg = rllib_ext.PPOConfig().environment("CartPole-v1").training(comm_backend="nccl")
-    cfg.learners(num_learners=2, num_gpus_per_learner=0)
-    with pytest.raises(ValueError, match=r"comm_backend='nccl'.*no GPU"):
+    cfg = rllib_ext.PPOConfig().environment("CartPole-v1")
+    cfg.training(communication={"type": "NCCL"})
+    cfg.learners(num_learners=2, num_gpus_per_learner=0)  # set after the type: still checked
+    with pytest.raises(ValueError, match=r"communication type 'nccl'.*no GPU"):
         cfg.validate()
+    cfg.training(communication={"type": "gloo"})
+    cfg.validate()
+
+
+@pytest.mark.parametrize(
+    ("communication_type", "num_gpus_per_learner", "error"),
+    [
+        (None, 0, None),
+        (None, 1, None),
+        ("auto", 0, None),
+        ("auto", 1, None),
+        ("gloo", 0, None),
+        ("nccl", 1, None),
+        ("nccl", 0, r"communication type 'nccl' but the learners have no GPU"),
+        ("gloo", 1, r"communication type 'gloo' with GPU learners is not supported"),
+    ],
+)
+def test_communication_type_must_be_what_rllib_picks(
+    communication_type: str | None, num_gpus_per_learner: int, error: str | None
+) -> None:
+    def check() -> list[str]:
+        return check_comm_resources(
+            CompressionSettings(),
+            num_learners=2,
+            num_gpus_per_learner=num_gpus_per_learner,
+            communication_type=communication_type,
+        )
+
+    if error is None:
+        assert check() == []
+    else:
+        with pytest.raises(ValueError, match=error):
+            check()
 
 
 def test_compression_with_one_learner_warns_once_from_the_learner_not_validate(
@@ -244,7 +312,7 @@ def test_amp_inference_picks_the_env_runner_when_the_flag_is_set() -> None:
 
 _BAD_COMBINATIONS = {
     "amp_with_compiled_learner": ({"amp": "fp16"}, {"torch_compile_learner": True}),
-    "nccl_without_gpus": ({"comm_backend": "nccl"}, {"num_learners": 2}),
+    "nccl_without_gpus": ({}, {"num_learners": 2, "communication_type": "nccl"}),
     "masked_with_rllib_gae": ({"gae": "rllib", "standardize_advantages": "masked"}, {}),
     "lambda_out_of_range": ({}, {"lambda_": 1.5}),
     "unknown_key": ({"amp_scale": 2.0}, {}),
@@ -262,6 +330,9 @@ def _config_with(config: Any, flags: dict[str, Any], rest: dict[str, Any]) -> An
         config.learners(num_learners=rest["num_learners"])
     if "lambda_" in rest:
         config.update_from_dict({"lambda": rest["lambda_"]})  # the dict route: no early check
+    if "communication_type" in rest:
+        # As a config dict carries it (to_dict() of an rllib_ext.PPOConfig, e.g. through Tune).
+        config.update_from_dict({"communication_type": rest["communication_type"]})
     return config
 
 

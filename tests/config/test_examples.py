@@ -38,7 +38,7 @@ def test_compressed_allreduce_maps_the_tutorial_communication_block(compression:
     config.validate()
     comm = config.extension_settings.comm
     assert comm.grad_compression == compression  # communication.compression=True -> fp16
-    assert comm.comm_backend == "auto"
+    assert config.communication_type == "auto"
     assert config.grad_clip == 0.5 and config.use_kl_loss and config.kl_coeff == 0.3
     assert config.num_learners == 2
 

@@ -96,7 +96,9 @@ def test_chapter3_dict_config(tmp_path: Path, ray_address: str) -> None:
     config = results[-1]["config"]
     assert config["kl_coeff"] == 0.3 and config["grad_clip"] == 0.5 and config["use_kl_loss"]
     assert config["learner_config_dict"]["grad_compression"] == "fp16"
-    assert "comm_backend 'nccl' -> 'auto'" in output  # NCCL needs GPUs; fitted to gloo
+    assert "communication_type 'nccl' -> 'gloo'" in output  # NCCL needs GPUs; RLlib runs gloo
+    assert config["communication_type"] == "gloo"
+    assert "comm_backend" not in config["learner_config_dict"]
     assert list((tmp_path / "results").rglob("checkpoint_*"))  # checkpoint_at_end=True
 
 

@@ -104,8 +104,8 @@ def test_tutorial_chapter3_dict() -> None:
     assert (config.num_learners, config.num_gpus_per_learner) == (2, 1)
     assert config.num_env_runners == 6 and config.num_cpus_per_env_runner == 1
     assert config.use_kl_loss and config.kl_coeff == 0.3 and config.grad_clip == 0.5
-    comm = config.extension_settings.comm
-    assert (comm.comm_backend, comm.grad_compression) == ("nccl", "fp16")
+    assert config.communication_type == "nccl"
+    assert config.extension_settings.comm.grad_compression == "fp16"
     assert config.model_config["fcnet_hiddens"] == [64, 64]
     # The `training` method is not overwritten by the dict's "training" block.
     assert callable(config.training)
@@ -219,7 +219,8 @@ def test_fit_cuts_cpu_learners_and_nccl(caplog: pytest.LogCaptureFixture) -> Non
     config = rllib_ext.PPOConfig.from_dict(copy.deepcopy(TUTORIAL_CH3_DICT))
     with caplog.at_level(logging.WARNING, logger="rllib_ext"):
         changes = fit_to_machine(config, have=Machine(cpu=3, gpu=0, where="a test cluster"))
-    assert changes["comm_backend"] == ("nccl", "auto")
+    assert changes["communication_type"] == ("nccl", "gloo")
+    assert config.communication_type == "gloo"
     assert (config.num_learners, config.num_env_runners) == (0, 2)
     assert fit_to_machine(config, have=Machine(cpu=2, gpu=0, where="m")) == {
         "num_env_runners": (2, 0)
@@ -234,3 +235,13 @@ def test_fit_env_var_applies_when_resources_are_set(monkeypatch: pytest.MonkeyPa
     request = resource_request(config)
     assert request.gpu() == 0 or config.num_gpus_per_learner <= 1
     check_request(config, include_main=True)  # fits what this process sees
+
+
+def test_fit_env_var_refits_a_communication_type_set_in_a_builder_chain(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("RLLIB_EXT_FIT_RESOURCES", "1")
+    config = rllib_ext.PPOConfig().environment("CartPole-v1")
+    config.training(communication={"type": "NCCL"})  # CPU learners (the default): RLlib runs gloo
+    assert config.communication_type == "gloo"
+    config.validate()
