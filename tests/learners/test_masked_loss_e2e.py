@@ -71,3 +71,26 @@ def test_smax_3m_two_iterations_and_the_statistics_survive_a_checkpoint(tmp_path
         torch.testing.assert_close(after, torch.tensor(1 - beta**3), rtol=1e-5, atol=0)
     finally:
         restored.stop()
+
+
+def test_two_learners_share_one_update_of_the_statistics():
+    """num_learners=2 (gloo): the moments are all-reduced; both learners hold the same buffers."""
+    pytest.importorskip("jaxmarl", reason='needs jaxmarl: pip install "rllib-ext[smax]"')
+    algo = _config().learners(num_learners=2).build_algo()
+    try:
+        result = algo.train()
+        assert result["learners"][MID]["value_norm/std"] > 0.0
+        states = algo.learner_group.foreach_learner(
+            lambda learner: {
+                key: value.clone()
+                for key, value in learner.module[MID].unwrapped().state_dict().items()
+                if key in NORM_KEYS
+            }
+        )
+        states = [ref.get() for ref in states]
+        assert len(states) == 2
+        for key in NORM_KEYS:
+            torch.testing.assert_close(states[0][key], states[1][key], rtol=0, atol=0)
+        assert states[0]["value_norm.debiasing_term"] > 0.0
+    finally:
+        algo.stop()
