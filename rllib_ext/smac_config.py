@@ -6,8 +6,10 @@
   the user's callbacks;
 * RLModule: :class:`~rllib_ext.modules.MaskedPPOTorchRLModule` as the default module class
   (RLlib's ``get_default_rl_module_spec``), with the central critic when
-  ``.rl_module(model_config={"central_critic": True})``; an explicit
-  ``.rl_module(rl_module_spec=...)`` wins.
+  ``.rl_module(model_config={"central_critic": True})``, and
+  :class:`~rllib_ext.modules.MaskedRecurrentPPOTorchRLModule` when ``model_config`` sets
+  ``"recurrent_cell"`` (``"gru"``/``"lstm"``); an explicit ``.rl_module(rl_module_spec=...)``
+  wins.
 
 The config applies these when its flags are set (``.environment()``, ``.callbacks()``...),
 never in ``validate()``.
@@ -79,6 +81,6 @@ def smac_default_rl_module_spec(config: Any) -> Any:
         return None
     from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
-    from rllib_ext.modules import MaskedPPOTorchRLModule
+    from rllib_ext.modules import masked_module_class
 
-    return RLModuleSpec(module_class=MaskedPPOTorchRLModule)
+    return RLModuleSpec(module_class=masked_module_class(config.model_config))

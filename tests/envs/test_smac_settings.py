@@ -15,6 +15,7 @@ def test_defaults():
     settings = SMACEnvSettings.from_env_config(None)
     assert settings.backend == "auto" and settings.reward_mode == "copy"
     assert settings.include_state is True
+    assert settings.state_mode == "global"
 
 
 def test_unknown_key_names_the_closest_and_the_allowed():
@@ -33,6 +34,11 @@ def test_unknown_key_names_the_closest_and_the_allowed():
         ({"seed": 1.5}, r"seed=1.5"),
         ({"include_state": 1}, r"include_state=1"),
         ({"max_restarts": -1}, r"max_restarts=-1"),
+        ({"state_mode": "local"}, r"state_mode='local'.*'global', 'agent_specific'"),
+        (
+            {"state_mode": "agent_specific", "include_state": False},
+            r"state_mode='agent_specific' needs include_state=True",
+        ),
         ({"sc2_options": {"continuing_episode": False}}, r"continuing_episode=True"),
         ({"sc2_options": {"map_name": "8m"}}, r"sc2_options may not set \['map_name'\]"),
         ({"smax_options": {"scenario": None}}, r"smax_options may not set \['scenario'\]"),

@@ -29,6 +29,28 @@ def legal_actions(obs, rng):
     return {agent: int(sample_legal(o["action_mask"], rng)) for agent, o in obs.items()}
 
 
+def test_agent_specific_state_is_global_state_plus_one_hot_id():
+    plain = smax_env("3m", seed=2)
+    specific = smax_env("3m", seed=2, state_mode="agent_specific")
+    space = specific.observation_spaces["agent_0"]["state"]
+    assert space.shape == (plain.env_info["state_shape"] + 3,)
+    rng = np.random.default_rng(0)
+    obs, _ = plain.reset()
+    obs_specific, _ = specific.reset()
+    for _ in range(60):
+        for i, agent in enumerate(plain.possible_agents):
+            state = obs_specific[agent]["state"]
+            assert space.contains(state)
+            np.testing.assert_array_equal(state[:-3], obs[agent]["state"])
+            np.testing.assert_array_equal(state[-3:], np.eye(3, dtype=np.float32)[i])
+        actions = legal_actions(obs, rng)
+        obs, _, terminateds, truncateds, _ = plain.step(actions)
+        obs_specific = specific.step(actions)[0]
+        if terminateds["__all__"] or truncateds["__all__"]:
+            obs, _ = plain.reset()
+            obs_specific, _ = specific.reset()
+
+
 def test_sizes_for_3s5z_vs_3s6z():
     info = smax_env("3s5z_vs_3s6z").env_info
     # REFERENCE_NOTES §B: 14 actions, obs 218, world state 204; stop (4) is the no-op.

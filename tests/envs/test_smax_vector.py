@@ -47,7 +47,12 @@ def _assert_obs_equal(single: dict, vector: dict, where: str) -> None:
         ("3m", {"smax_options": {"max_steps": 20}}, 160),  # short limit: truncations too
         (
             "3s5z_vs_3s6z",
-            {"include_state": True, "reward_mode": "split", "smax_options": {"max_steps": 25}},
+            {
+                "include_state": True,
+                "state_mode": "agent_specific",
+                "reward_mode": "split",
+                "smax_options": {"max_steps": 25},
+            },
             60,  # float32 drift between vmapped and single kernels stays < 1e-5 here
         ),
     ],
@@ -232,22 +237,38 @@ def _assert_buffers_equal(ours, theirs, where):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=where)
 
 
-@pytest.mark.parametrize("include_state", [False, True])
-def test_fused_sampling_returns_the_episodes_rllibs_loop_returns(include_state):
+_RECURRENT = {"recurrent_cell": "gru", "fcnet_hiddens": [16], "lstm_cell_size": 8}
+
+
+@pytest.mark.parametrize(
+    ("state_config", "model_config"),
+    [
+        ({"include_state": False}, {}),
+        ({"include_state": True}, {}),
+        ({"include_state": True, "state_mode": "agent_specific"}, {}),
+        ({"include_state": False}, _RECURRENT),
+        ({"include_state": True}, {**_RECURRENT, "recurrent_cell": "lstm"}),
+    ],
+)
+def test_fused_sampling_returns_the_episodes_rllibs_loop_returns(state_config, model_config):
     """Greedy policy, same weights and seeds: the array-speed path and RLlib's own loop (over
     RLlib's SyncVectorMultiAgentEnv of SMACEnv copies) return the same episode chunks, also
-    across sample() calls (ids, env_t_started, one-step lookback), with the same metrics."""
+    across sample() calls (ids, env_t_started, one-step lookback), with the same metrics.
+    Recurrent modules: the same STATE_OUTs, so the carried state is RLlib's."""
     env_config = {
         "map_name": "3m",
-        "include_state": include_state,
+        **state_config,
         "smax_options": {"max_steps": 30},
     }
-    ours_config = _config(num_envs=3, **env_config).debugging(seed=4)
+    ours_config = (
+        _config(num_envs=3, **env_config).rl_module(model_config=model_config).debugging(seed=4)
+    )
     theirs_config = ours_config.copy(copy_frozen=False).env_runners(
         env_runner_cls=MultiAgentEnvRunner
     )
     ours = SMAXVectorEnvRunner(config=ours_config)
     theirs = MultiAgentEnvRunner(config=theirs_config)
+    assert ours.module["shared_policy"].is_stateful() == bool(model_config)
     ours.module.set_state(theirs.module.get_state())
     ids: dict[str, str] = {}
     for call in range(3):

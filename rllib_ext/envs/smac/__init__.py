@@ -12,12 +12,13 @@ from rllib_ext.envs.smac.backend import BackendSpec, check_actions
 from rllib_ext.envs.smac.callbacks import SMAC_METRIC_KEYS, SMACMetricsCallback, battle_info
 from rllib_ext.envs.smac.env import MaskedDiscrete, SMACEnv
 from rllib_ext.envs.smac.parallel import SMACParallelEnv, parallel_env
-from rllib_ext.envs.smac.settings import BACKENDS, REWARD_MODES, SMACEnvSettings
+from rllib_ext.envs.smac.settings import BACKENDS, REWARD_MODES, STATE_MODES, SMACEnvSettings
 
 __all__ = [
     "BACKENDS",
     "REWARD_MODES",
     "SMAC_METRIC_KEYS",
+    "STATE_MODES",
     "BackendSpec",
     "MaskedDiscrete",
     "SMACEnv",

@@ -4,7 +4,8 @@ Per agent (``agent_0`` ... ``agent_{N-1}``, stable across episodes):
 
 * observation ``Dict({"observations": Box(obs_dim), "action_mask": Box(0, 1, (A,)),
   "state": Box(state_dim)})``, all ``float32``; ``"state"`` (the global state, for a central
-  critic) only with ``include_state=True``;
+  critic) only with ``include_state=True``; with ``state_mode="agent_specific"`` it is the
+  global state followed by the agent's one-hot id, ``Box(state_dim + N)``;
 * action ``Discrete(A)``. ``action_space.sample()`` draws among the agent's currently legal
   actions, so RLlib's env checker and random policies never send illegal ones.
 
@@ -39,7 +40,7 @@ from rllib_ext.envs.smac.backend import Backend, Step, check_actions
 from rllib_ext.envs.smac.factory import make_backend
 from rllib_ext.envs.smac.settings import SMACEnvSettings
 
-__all__ = ["MaskedDiscrete", "SMACEnv"]
+__all__ = ["MaskedDiscrete", "SMACEnv", "agent_observation_space", "agent_states"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,17 +73,43 @@ class MaskedDiscrete(gym.spaces.Discrete):
         return state
 
 
-def agent_observation_space(spec: Any, *, include_state: bool) -> gym.spaces.Dict:
+def agent_observation_space(
+    spec: Any, *, include_state: bool, state_mode: str = "global"
+) -> gym.spaces.Dict:
     """One agent's observation space: ``observations`` (obs_dim,), ``action_mask``
-    (n_actions,) of 0/1 and, with ``include_state``, the global ``state`` (state_dim,); float32."""
+    (n_actions,) of 0/1 and, with ``include_state``, ``state``: (state_dim,) for
+    ``state_mode="global"``, (state_dim + n_agents,) for ``"agent_specific"``; float32."""
     unbounded = np.float32(np.inf)
     components: dict[str, gym.Space] = {
         "observations": gym.spaces.Box(-unbounded, unbounded, (spec.obs_dim,), np.float32),
         "action_mask": gym.spaces.Box(0.0, 1.0, (spec.n_actions,), np.float32),
     }
     if include_state:
-        components["state"] = gym.spaces.Box(-unbounded, unbounded, (spec.state_dim,), np.float32)
+        state_dim = spec.state_dim + (spec.n_agents if state_mode == "agent_specific" else 0)
+        components["state"] = gym.spaces.Box(-unbounded, unbounded, (state_dim,), np.float32)
     return gym.spaces.Dict(components)
+
+
+def agent_states(state: np.ndarray, n_agents: int, *, state_mode: str) -> np.ndarray:
+    """Every agent's ``"state"`` entry, for one env or a batch of envs.
+
+    Args:
+        state: ``float32 [..., state_dim]``, the global state (``...``: e.g. envs).
+        n_agents: ``N``.
+        state_mode: ``"global"`` (the state for every agent) or ``"agent_specific"`` (the
+            state followed by the agent's one-hot id).
+
+    Returns:
+        A new ``float32 [..., N, D]`` array, ``D = state_dim`` (global) or
+        ``state_dim + N`` (agent-specific).
+    """
+    rows = np.repeat(state[..., None, :], n_agents, axis=-2)
+    if state_mode == "global":
+        return rows
+    ids = np.broadcast_to(
+        np.eye(n_agents, dtype=state.dtype), (*state.shape[:-1], n_agents, n_agents)
+    )
+    return np.concatenate([rows, ids], axis=-1)
 
 
 def derive_seed(seed: int | None, worker_index: int, vector_index: int) -> int | None:
@@ -118,7 +145,9 @@ class SMACEnv(MultiAgentEnv):
         spec = self.backend.spec
         self.possible_agents = [f"agent_{i}" for i in range(spec.n_agents)]
         self.agents = list(self.possible_agents)
-        observation_space = agent_observation_space(spec, include_state=self.settings.include_state)
+        observation_space = agent_observation_space(
+            spec, include_state=self.settings.include_state, state_mode=self.settings.state_mode
+        )
         self.observation_spaces = dict.fromkeys(self.possible_agents, observation_space)
         self_ref = weakref.ref(self)
         self.action_spaces = {
@@ -157,8 +186,11 @@ class SMACEnv(MultiAgentEnv):
     def _observations(self, step: Step) -> dict[str, dict[str, np.ndarray]]:
         obs, avail = step.obs, step.avail
         if self.settings.include_state:
+            states = agent_states(
+                step.state, len(self.possible_agents), state_mode=self.settings.state_mode
+            )
             return {
-                agent: {"observations": obs[i], "action_mask": avail[i], "state": step.state}
+                agent: {"observations": obs[i], "action_mask": avail[i], "state": states[i]}
                 for i, agent in enumerate(self.possible_agents)
             }
         return {

@@ -15,10 +15,11 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
+import tree
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.callbacks.utils import make_callback
 from ray.rllib.core.columns import Columns
@@ -111,17 +112,31 @@ class SMAXVectorEnvRunner(MultiAgentEnvRunner):
     With ``fused_sampling`` (default on, ``config.env_config`` is untouched: the switch is the
     runner attribute ``fused_sampling``), time-step sampling runs as arrays (see
     :mod:`rllib_ext.envs.smac.fused`) whenever :func:`fused_sampling_applies`; otherwise, and
-    for episode-count sampling (evaluation), RLlib's own loop runs over the same vector env.
+    for episode-count sampling (evaluation), RLlib's own loop runs over the same vector env
+    (one INFO line per reason). A recurrent (stateful) module samples on the fused path too, its
+    state carried as ``[E * N, ...]`` arrays exactly as RLlib's connectors would carry it.
     ``env_runners/smax_fused_sampling`` is 1 when the last ``sample()`` took the fused path.
     """
 
     fused_sampling: bool = True
+    env: SMAXVectorEnv | None
 
     @override(MultiAgentEnvRunner)
     def __init__(self, config: AlgorithmConfig, **kwargs: Any) -> None:
         super().__init__(config=config, **kwargs)
         self._tracks: list[EnvTrack | None] | None = None
+        self._recurrent_state: Any = None
+        """Recurrent modules on the fused path: the next ``STATE_IN``, a (nested) dict of
+        ``[E * N, ...]`` arrays (row ``e * N + i``: agent ``i`` of env ``e``)."""
         self._fused_last = False
+        self._fallbacks_logged: set[str] = set()
+
+    @property
+    def vector_env(self) -> SMAXVectorEnv:
+        """The runner's :class:`SMAXVectorEnv`."""
+        if self.env is None:
+            raise ValueError("The SMAX vector env is not built (or closed). Fix: make_env().")
+        return self.env
 
     @override(MultiAgentEnvRunner)
     def make_env(self) -> None:
@@ -190,7 +205,15 @@ class SMAXVectorEnvRunner(MultiAgentEnvRunner):
                 self._tracks = None
                 force_reset = True
             self._fused_last = False
-            logger.debug("SMAX fused sampling off for this call: %s", why_not)
+            if why_not in self._fallbacks_logged:
+                logger.debug("SMAX fused sampling off for this call: %s", why_not)
+            else:  # once per reason, e.g. a recurrent module: RLlib's loop carries its state
+                self._fallbacks_logged.add(why_not)
+                logger.info(
+                    "SMAX batched stepping: sampling with RLlib's MultiAgentEnvRunner loop "
+                    "(array-speed sampling is off: %s).",
+                    why_not,
+                )
             return super()._sample(
                 num_timesteps=num_timesteps,
                 num_episodes=num_episodes,
@@ -199,26 +222,30 @@ class SMAXVectorEnvRunner(MultiAgentEnvRunner):
                 force_reset=force_reset,
             )
         self._fused_last = True
+        assert num_timesteps is not None  # fused_sampling_applies: time-step sampling only
         return self._sample_fused(num_timesteps, explore=explore, force_reset=force_reset)
 
     # ------------------------------------------------------------------ fused path
-    def _new_track(self, batch: SMAXBatch, e: int) -> EnvTrack:
-        """A new episode in env ``e``, starting at its reset observation in ``batch``."""
+    def _new_track(self, batch: SMAXBatch, states: np.ndarray | None, e: int) -> EnvTrack:
+        """A new episode in env ``e``, starting at its reset observation in ``batch``
+        (``states``: the agents' ``"state"`` entries ``[E, N, D]``, or ``None``)."""
         track = EnvTrack(
             episode_id=uuid.uuid4().hex,
-            agent_episode_ids={agent: uuid.uuid4().hex for agent in self.env.possible_agents},
+            agent_episode_ids={
+                agent: uuid.uuid4().hex for agent in self.vector_env.possible_agents
+            },
             env_t_started=0,
             start_time=time.perf_counter(),
         )
         track.obs.append(batch.obs[e])
         track.avail.append(batch.avail[e])
-        if self.env.settings.include_state:
-            track.state.append(batch.state[e])
+        if states is not None:
+            track.state.append(states[e])
         track.infos.append({})
         return track
 
     def _chunk(self, track: EnvTrack, *, terminated: bool, truncated: bool) -> MultiAgentEpisode:
-        env = self.env
+        env = self.vector_env
         return build_chunk(
             track,
             agents=env.possible_agents,
@@ -233,35 +260,50 @@ class SMAXVectorEnvRunner(MultiAgentEnvRunner):
     def _sample_fused(
         self, num_timesteps: int, *, explore: bool, force_reset: bool
     ) -> list[MultiAgentEpisode]:
-        env: SMAXVectorEnv = self.env
+        env = self.vector_env
         n_envs, n_agents = env.num_envs, len(env.possible_agents)
-        if force_reset or self._tracks is None or self._needs_initial_reset:
+        include_state = env.settings.include_state
+        tracks = self._tracks
+        batch = env.last
+        reset = force_reset or tracks is None or batch is None or self._needs_initial_reset
+        if reset or batch is None:
             batch = env.reset_arrays(seed=self._seed if self._needs_initial_reset else None)
             self._needs_initial_reset = False
             self._ongoing_episodes_for_metrics.clear()
-            self._tracks = [self._new_track(batch, e) for e in range(n_envs)]
-        tracks = self._tracks
+        # The agents' "state" entries [E, N, D] of the current observation (None: no state).
+        states = env.agent_states(batch) if include_state else None
         self._module_id = module_id = next(iter(self.module.keys()))
         rl_module = self.module[module_id]
+        rows = n_envs * n_agents
+        stateful = rl_module.is_stateful()
+        if reset or tracks is None:
+            tracks = self._tracks = [self._new_track(batch, states, e) for e in range(n_envs)]
+            self._recurrent_state = (
+                _initial_rows(rl_module, np.ones(rows, dtype=bool), None) if stateful else None
+            )
         dist_cls = (
             rl_module.get_exploration_action_dist_cls()
             if explore
             else rl_module.get_inference_action_dist_cls()
         )
-        include_state = env.settings.include_state
-        rows = n_envs * n_agents
         done: list[MultiAgentEpisode] = []
         env_ts = 0
         episodes_done = 0
         while env_ts < num_timesteps:
-            batch = env.last
             obs = {
                 "observations": torch.from_numpy(batch.obs.reshape(rows, -1)),
                 "action_mask": torch.from_numpy(batch.avail.reshape(rows, -1)),
             }
-            if include_state:
-                obs["state"] = torch.from_numpy(np.repeat(batch.state, n_agents, axis=0))
-            module_batch = {module_id: {Columns.OBS: obs}}
+            if states is not None:
+                obs["state"] = torch.from_numpy(states.reshape(rows, -1))
+            module_inputs: dict[str, Any] = {Columns.OBS: obs}
+            if stateful:
+                # RLlib's AddTimeDimToBatchAndZeroPad / AddStatesFromEpisodesToBatch: T=1.
+                module_inputs[Columns.OBS] = {k: v.unsqueeze(1) for k, v in obs.items()}
+                module_inputs[Columns.STATE_IN] = tree.map_structure(
+                    torch.from_numpy, self._recurrent_state
+                )
+            module_batch = {module_id: module_inputs}
             with self.metrics.log_time(RLMODULE_INFERENCE_TIMER), sample_phase(self, "inference"):
                 if explore:
                     # RLlib's global step estimate (for exploration schedules).
@@ -271,6 +313,8 @@ class SMAXVectorEnvRunner(MultiAgentEnvRunner):
                 else:
                     out = self.module.forward_inference(module_batch)
                 logits = out[module_id][Columns.ACTION_DIST_INPUTS]
+                if stateful:  # RemoveSingleTsTimeRankFromBatch
+                    logits = logits[:, 0]
                 dist = dist_cls.from_logits(logits)
                 if not explore:
                     dist = dist.to_deterministic()
@@ -281,15 +325,19 @@ class SMAXVectorEnvRunner(MultiAgentEnvRunner):
             actions_np = actions_np.reshape(n_envs, n_agents)
             logp_np = logp_np.reshape(n_envs, n_agents)
             logits_np = logits_np.reshape(n_envs, n_agents, -1)
+            state_out = convert_to_numpy(out[module_id][Columns.STATE_OUT]) if stateful else None
             with sample_phase(self, "env_step"):
                 new = env.step_arrays(actions_np)
+            # The agents' "state" entries of the new observation (also next step's input).
+            states = env.agent_states(new) if include_state else None
             seq_no = self._weights_seq_no
             now = time.perf_counter()
             for e in range(n_envs):
-                track = tracks[e]
                 if new.was_reset[e]:
-                    tracks[e] = self._new_track(new, e)
+                    tracks[e] = self._new_track(new, states, e)
                     continue
+                # None only right after an episode ended, and then this env was reset above.
+                track = cast(EnvTrack, tracks[e])
                 track.actions.append(actions_np[e])
                 track.logp.append(logp_np[e])
                 track.logits.append(logits_np[e])
@@ -297,8 +345,13 @@ class SMAXVectorEnvRunner(MultiAgentEnvRunner):
                 track.weights_seq_no.append(seq_no)
                 track.obs.append(new.obs[e])
                 track.avail.append(new.avail[e])
-                if include_state:
-                    track.state.append(new.state[e])
+                if states is not None:
+                    track.state.append(states[e])
+                if state_out is not None:
+                    agents = slice(e * n_agents, (e + 1) * n_agents)
+                    track.state_out.append(
+                        tree.map_structure(lambda x, rows_e=agents: x[rows_e], state_out)
+                    )
                 term, trunc = bool(new.terminated[e]), bool(new.truncated[e])
                 track.infos.append(env.step_info(new, e))
                 track.last_step_time = now
@@ -309,14 +362,20 @@ class SMAXVectorEnvRunner(MultiAgentEnvRunner):
                     done.append(episode)
                     self._on_episode_end(episode)
                     tracks[e] = None
+            batch = new
+            if state_out is not None:
+                # Envs reset in this call start their episode from the initial state.
+                self._recurrent_state = _initial_rows(
+                    rl_module, np.repeat(new.was_reset, n_agents), state_out
+                )
         ongoing: list[MultiAgentEpisode] = []
-        for e, track in enumerate(tracks):
-            if track is None or track.steps == 0:
+        for e, pending in enumerate(tracks):
+            if pending is None or pending.steps == 0:
                 continue  # a finished or just-reset episode: nothing to return yet
-            chunk = self._chunk(track, terminated=False, truncated=False)
+            chunk = self._chunk(pending, terminated=False, truncated=False)
             self._ongoing_episodes_for_metrics[chunk.id_].append(chunk)
             ongoing.append(chunk)
-            tracks[e] = track.continuation()
+            tracks[e] = pending.continuation()
         self._done_episodes_for_metrics.extend(done)
         self._log_fused_counts(env_ts, episodes_done)
         return done + ongoing
@@ -350,15 +409,34 @@ class SMAXVectorEnvRunner(MultiAgentEnvRunner):
         if episodes:
             metrics.log_value(NUM_EPISODES, episodes, reduce="sum")
             metrics.log_value(NUM_EPISODES_LIFETIME, episodes, reduce="lifetime_sum")
-        for agent in self.env.possible_agents:
+        for agent in self.vector_env.possible_agents:
             metrics.log_value((NUM_AGENT_STEPS_SAMPLED, agent), env_steps, reduce="sum")
             metrics.log_value(
                 (NUM_AGENT_STEPS_SAMPLED_LIFETIME, agent), env_steps, reduce="lifetime_sum"
             )
-        module_steps = env_steps * len(self.env.possible_agents)
+        module_steps = env_steps * len(self.vector_env.possible_agents)
         metrics.log_value((NUM_MODULE_STEPS_SAMPLED, self._module_id), module_steps, reduce="sum")
         metrics.log_value(
             (NUM_MODULE_STEPS_SAMPLED_LIFETIME, self._module_id),
             module_steps,
             reduce="lifetime_sum",
         )
+
+
+def _initial_rows(rl_module: Any, reset_rows: np.ndarray, state: Any) -> Any:
+    """``state`` (a (nested) dict of ``[R, ...]`` arrays, or ``None``) with the rows in
+    ``reset_rows`` (``bool [R]``) set to the module's initial state (all rows when ``None``)."""
+    if state is not None and not reset_rows.any():
+        return state
+    initial = convert_to_numpy(rl_module.get_initial_state())
+    if state is None:
+        return tree.map_structure(
+            lambda x: np.repeat(np.asarray(x)[None], reset_rows.shape[0], axis=0), initial
+        )
+
+    def reset(x: np.ndarray, init: Any) -> np.ndarray:
+        x = np.array(x)  # writable copy (torch outputs may share memory)
+        x[reset_rows] = init
+        return x
+
+    return tree.map_structure(reset, state, initial)

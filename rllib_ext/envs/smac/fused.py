@@ -11,9 +11,15 @@ same numpy'd objects (same columns: observations, actions, rewards, infos, ``act
 ``action_logp``, ``weights_seq_no``; terminated/truncated; ids and ``env_t_started`` continuing
 across ``sample()`` calls; a one-step lookback on continued chunks like ``cut()``).
 
+A recurrent (stateful) module gets what RLlib's ``AddTimeDimToBatchAndZeroPad`` /
+``AddStatesFromEpisodesToBatch`` / ``RemoveSingleTsTimeRankFromBatch`` give it: inputs with a
+``T=1`` axis, ``Columns.STATE_IN`` rows = each agent's last ``STATE_OUT`` (the module's initial
+state at an episode's first step), and every step's ``STATE_OUT`` kept in the episode's
+``extra_model_outputs`` (the learner starts its ``max_seq_len`` chunks from them).
+
 What RLlib's default connector pieces would do is done here directly, which is exact only for
 what :func:`fused_sampling_applies` checks: the default env-to-module / module-to-env pipelines,
-one stateless module for all agents, no ``on_episode_created/start/step`` callbacks (the
+one module for all agents, no ``on_episode_created/start/step`` callbacks (the
 batched path calls ``on_episode_end`` only), time-step sampling (``num_timesteps``) counted in
 env steps. Otherwise the runner falls back to RLlib's loop.
 """
@@ -26,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import tree
 from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.core.columns import Columns
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
@@ -76,9 +83,6 @@ def fused_sampling_applies(runner: Any, *, num_timesteps: int | None, random_act
         return "custom module-to-env connectors"
     if len(runner.module) != 1:
         return "more than one RLModule"
-    module = next(iter(runner.module.values()))
-    if module.is_stateful():
-        return "a recurrent (stateful) RLModule"
     for callback in runner._callbacks:
         for name in _PER_STEP_CALLBACKS:
             if getattr(type(callback), name) is not getattr(RLlibCallback, name):
@@ -109,7 +113,8 @@ class EnvTrack:
     avail: list[np.ndarray] = field(default_factory=list)
     """``float32 [N, A]`` per observation."""
     state: list[np.ndarray] = field(default_factory=list)
-    """``float32 [state_dim]`` per observation (only with ``include_state``)."""
+    """``float32 [N, D]`` per observation: every agent's ``"state"`` entry (only with
+    ``include_state``; ``D`` per ``state_mode``)."""
     infos: list[dict[str, Any]] = field(default_factory=list)
     actions: list[np.ndarray] = field(default_factory=list)
     """``int32 [N]`` per step."""
@@ -119,6 +124,9 @@ class EnvTrack:
     """``float32 [N, A]`` per step (``action_dist_inputs``)."""
     rewards: list[float] = field(default_factory=list)
     weights_seq_no: list[int] = field(default_factory=list)
+    state_out: list[Any] = field(default_factory=list)
+    """Recurrent modules only: the module's ``STATE_OUT`` per step, a (nested) dict of
+    ``float32 [N, ...]`` arrays."""
     last_step_time: float | None = None
 
     @property
@@ -144,6 +152,7 @@ class EnvTrack:
             logits=self.logits[-1:],
             rewards=self.rewards[-1:],
             weights_seq_no=self.weights_seq_no[-1:],
+            state_out=self.state_out[-1:],
         )
 
 
@@ -173,17 +182,32 @@ def build_chunk(
     t0 = track.env_t_started
     obs = np.stack(track.obs)  # [L + T + 1, N, obs_dim]
     avail = np.stack(track.avail)  # [L + T + 1, N, A]
-    state = np.stack(track.state) if track.state else None  # [L + T + 1, state_dim]
+    state = np.stack(track.state) if track.state else None  # [L + T + 1, N, D]
     actions = np.stack(track.actions)  # [L + T, N] int32
     logp = np.stack(track.logp)  # [L + T, N]
     logits = np.stack(track.logits)  # [L + T, N, A]
     rewards = np.asarray(track.rewards, dtype=np.float64)  # [L + T]
     seq_no = np.asarray(track.weights_seq_no, dtype=np.int64)  # [L + T]
+    # Recurrent modules: a (nested) dict of [L + T, N, ...] arrays.
+    state_out = (
+        tree.map_structure(lambda *steps: np.stack(steps), *track.state_out)
+        if track.state_out
+        else None
+    )
     agent_states = []
     for i, agent in enumerate(agents):
         observations = {"observations": obs[:, i], "action_mask": avail[:, i]}
         if state is not None:
-            observations["state"] = state
+            observations["state"] = state[:, i]
+        extra_model_outputs = {
+            Columns.ACTION_DIST_INPUTS: _buffer(logits[:, i], lookback),
+            Columns.ACTION_LOGP: _buffer(logp[:, i], lookback),
+            "weights_seq_no": _buffer(seq_no.copy(), lookback),
+        }
+        if state_out is not None:
+            extra_model_outputs[Columns.STATE_OUT] = _buffer(
+                tree.map_structure(lambda x, i=i: x[:, i], state_out), lookback
+            )
         agent_states.append(
             (
                 agent,
@@ -198,11 +222,7 @@ def build_chunk(
                     "infos": _buffer(
                         [dict(info) for info in track.infos], lookback, finalized=False
                     ),
-                    "extra_model_outputs": {
-                        Columns.ACTION_DIST_INPUTS: _buffer(logits[:, i], lookback),
-                        Columns.ACTION_LOGP: _buffer(logp[:, i], lookback),
-                        "weights_seq_no": _buffer(seq_no.copy(), lookback),
-                    },
+                    "extra_model_outputs": extra_model_outputs,
                     "is_terminated": terminated,
                     "is_truncated": truncated,
                     "t_started": t0,

@@ -49,7 +49,7 @@ class SMACParallelEnv(ParallelEnv):
         self._observation_spaces = {
             agent: gym.spaces.Dict(components) for agent in self.possible_agents
         }
-        self._action_spaces = {
+        self._action_spaces: dict[str, gym.spaces.Discrete] = {
             agent: gym.spaces.Discrete(info["n_actions"]) for agent in self.possible_agents
         }
         self.state_space = gym.spaces.Box(-np.inf, np.inf, (info["state_shape"],), np.float32)

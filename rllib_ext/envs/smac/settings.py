@@ -19,6 +19,7 @@ __all__ = [
     "BACKENDS",
     "REWARD_MODES",
     "SC2_PACKAGES",
+    "STATE_MODES",
     "SMACEnvSettings",
     "resolve_factory",
 ]
@@ -26,6 +27,7 @@ __all__ = [
 BACKENDS: tuple[str, ...] = ("auto", "smacv2", "smac", "smax")
 SC2_PACKAGES: tuple[str, ...] = ("smacv2", "smac")
 REWARD_MODES: tuple[str, ...] = ("copy", "split")
+STATE_MODES: tuple[str, ...] = ("global", "agent_specific")
 
 # Set by the wrapper itself: passing them in the per-backend options would silently fight the
 # wrapper (continuing_episode=False merges time limits into `terminated`, see SMACEnv).
@@ -85,6 +87,12 @@ class SMACEnvSettings:
     include_state: bool = True
     """Add the global state under ``"state"`` to every agent's observation (central critic)."""
 
+    state_mode: Literal["global", "agent_specific"] = "global"
+    """What ``"state"`` holds per agent: ``"global"``: the global state ``[state_dim]``, the same
+    for every agent; ``"agent_specific"``: the global state followed by the agent's one-hot id
+    ``[state_dim + n_agents]`` (MAPPO's agent-specific state for the central critic, Yu et al.
+    2022). Needs ``include_state=True``."""
+
     capability_config: Mapping[str, Any] | None = None
     """SMACv2 only: the ``capability_config`` of ``StarCraftCapabilityEnvWrapper`` (``n_units``,
     ``n_enemies``, ``team_gen``, ``start_positions``, ...). ``None``: plain ``StarCraft2Env``."""
@@ -134,6 +142,17 @@ class SMACEnvSettings:
             raise ValueError(
                 f"include_state={self.include_state!r}; allowed: True, False. "
                 "Fix: 'include_state': True (needed by the central critic)."
+            )
+        check_choice(
+            "state_mode",
+            self.state_mode,
+            STATE_MODES,
+            example="env_config={'state_mode': 'agent_specific'}",
+        )
+        if self.state_mode != "global" and not self.include_state:
+            raise ValueError(
+                f"state_mode={self.state_mode!r} needs include_state=True (there is no 'state' "
+                "to extend otherwise). Fix: drop state_mode or set 'include_state': True."
             )
         if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int):
             raise ValueError(f"max_restarts={self.max_restarts!r} must be an int >= 0.")

@@ -52,18 +52,19 @@ def _captured_stdout() -> Iterator[io.StringIO]:
     """
     saved_out, saved_err = sys.stdout, sys.stderr
     captured = io.StringIO()
+    original_stdout = sys.__stdout__
     try:
-        stdout_fd = sys.__stdout__.fileno() if sys.__stdout__ is not None else -1
+        stdout_fd = original_stdout.fileno() if original_stdout is not None else -1
     except (OSError, ValueError):  # a replaced, fd-less stream
         stdout_fd = -1
-    if stdout_fd < 0:
+    if stdout_fd < 0 or original_stdout is None:
         try:
             with contextlib.redirect_stdout(captured):
                 yield captured
         finally:
             sys.stdout, sys.stderr = saved_out, saved_err
         return
-    sys.__stdout__.flush()
+    original_stdout.flush()
     saved_fd = os.dup(stdout_fd)
     with tempfile.TemporaryFile(mode="w+b") as sink:
         os.dup2(sink.fileno(), stdout_fd)
@@ -72,7 +73,7 @@ def _captured_stdout() -> Iterator[io.StringIO]:
                 yield captured
         finally:
             with contextlib.suppress(Exception):
-                sys.__stdout__.flush()
+                original_stdout.flush()
             os.dup2(saved_fd, stdout_fd)
             os.close(saved_fd)
             sys.stdout, sys.stderr = saved_out, saved_err

@@ -30,7 +30,12 @@ import numpy as np
 from ray.rllib.env.vector.vector_multi_agent_env import VectorMultiAgentEnv
 from ray.rllib.utils.annotations import override
 
-from rllib_ext.envs.smac.env import MaskedDiscrete, agent_observation_space, derive_seed
+from rllib_ext.envs.smac.env import (
+    MaskedDiscrete,
+    agent_observation_space,
+    agent_states,
+    derive_seed,
+)
 from rllib_ext.envs.smac.settings import SMACEnvSettings
 from rllib_ext.envs.smac.smax import SMAXBackend, _compile
 
@@ -139,9 +144,13 @@ class SMAXVectorEnv(VectorMultiAgentEnv):
         )
         self.possible_agents = [f"agent_{i}" for i in range(spec.n_agents)]
         self.agents = list(self.possible_agents)
-        observation_space = agent_observation_space(spec, include_state=self.settings.include_state)
-        self.single_observation_spaces = dict.fromkeys(self.possible_agents, observation_space)
-        self.single_action_spaces = {
+        observation_space = agent_observation_space(
+            spec, include_state=self.settings.include_state, state_mode=self.settings.state_mode
+        )
+        self.single_observation_spaces: dict[str, gym.Space] = dict.fromkeys(
+            self.possible_agents, observation_space
+        )
+        self.single_action_spaces: dict[str, gym.Space] = {
             agent: MaskedDiscrete(spec.n_actions) for agent in self.possible_agents
         }
         self.single_observation_space = gym.spaces.Dict(self.single_observation_spaces)
@@ -251,15 +260,16 @@ class SMAXVectorEnv(VectorMultiAgentEnv):
 
     # ------------------------------------------------------------------ RLlib dict API
     def _observations(self, batch: SMAXBatch) -> list[dict[str, dict[str, np.ndarray]]]:
-        obs, avail, state = batch.obs, batch.avail, batch.state
+        obs, avail = batch.obs, batch.avail
         agents = self.possible_agents
         if self.settings.include_state:
+            states = self.agent_states(batch)
             return [
                 {
                     agent: {
                         "observations": obs[e, i],
                         "action_mask": avail[e, i],
-                        "state": state[e],
+                        "state": states[e, i],
                     }
                     for i, agent in enumerate(agents)
                 }
@@ -273,18 +283,29 @@ class SMAXVectorEnv(VectorMultiAgentEnv):
             for e in range(self.num_envs)
         ]
 
+    def agent_states(self, batch: SMAXBatch) -> np.ndarray:
+        """Every agent's ``"state"`` entry, ``float32 [E, N, D]`` (see ``state_mode``)."""
+        return agent_states(
+            batch.state, len(self.possible_agents), state_mode=self.settings.state_mode
+        )
+
     @override(VectorMultiAgentEnv)
     def reset(
         self, *, seed: int | Sequence[int | None] | None = None, options: dict | None = None
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         batch = self.reset_arrays(seed=seed)
-        infos = [{agent: {} for agent in self.possible_agents} for _ in range(self.num_envs)]
+        infos: list[dict[str, Any]] = [
+            {agent: {} for agent in self.possible_agents} for _ in range(self.num_envs)
+        ]
         return self._observations(batch), infos
 
     def _action_array(self, actions: Sequence[Mapping[str, Any]]) -> np.ndarray:
         from rllib_ext.envs.smac import check_actions
 
         spec = self.spec_smax
+        last = self.last
+        if last is None:
+            raise ValueError("step() called before reset(). Fix: call reset() first.")
         out = np.full((self.num_envs, spec.n_agents), spec.no_op_action, dtype=np.int32)
         if len(actions) != self.num_envs:
             raise ValueError(
@@ -302,7 +323,7 @@ class SMAXVectorEnv(VectorMultiAgentEnv):
                     f"(dead agents send the no-op {spec.no_op_action}); expected keys: "
                     f"{self.possible_agents}."
                 ) from None
-            check_actions(row, self.last.avail[e], self.possible_agents)
+            check_actions(row, last.avail[e], self.possible_agents)
             out[e] = row
         return out
 
@@ -324,7 +345,10 @@ class SMAXVectorEnv(VectorMultiAgentEnv):
             raise ValueError("step() called before reset(). Fix: call reset() first.")
         batch = self.step_arrays(self._action_array(actions))
         agents = self.possible_agents
-        rewards, terminateds, truncateds, infos = [], [], [], []
+        rewards: list[dict[str, float]] = []
+        terminateds: list[dict[str, bool]] = []
+        truncateds: list[dict[str, bool]] = []
+        infos: list[dict[str, Any]] = []
         for e in range(self.num_envs):
             if batch.was_reset[e]:
                 rewards.append(dict.fromkeys(agents, 0.0))

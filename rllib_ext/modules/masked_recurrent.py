@@ -1,0 +1,270 @@
+"""Recurrent (GRU or LSTM) action-masked PPO RLModule with an optional central critic.
+
+The recurrent sibling of :class:`rllib_ext.modules.MaskedPPOTorchRLModule`, for the
+published SMAC PPO recipes (MAPPO's rMAPPO, JaxMARL's MAPPO/IPPO with a GRU). Same
+observation contract::
+
+    Dict({"observations": Box(obs_dim), "action_mask": Box(0, 1, (n_actions,)),
+          "state": Box(state_dim)})          # "state" optional; needed by the central critic
+
+Network (``model_config`` keys; RLlib's ``DefaultModelConfig`` defaults where they exist)::
+
+    observations -> MLP(fcnet_hiddens, fcnet_activation) -> GRU/LSTM(lstm_cell_size) -> logits
+                                                                          \\-> value  (no central critic)
+    state        -> MLP(fcnet_hiddens, fcnet_activation) -> value            (central_critic=True)
+
+* ``recurrent_cell``: ``"gru"`` or ``"lstm"`` (selects this module in
+  :func:`rllib_ext.modules.smac_module_spec` and the SMAC config defaults).
+* ``lstm_cell_size`` (RLlib's key, the hidden size for both cells) and ``max_seq_len``
+  (RLlib's: the learner trains on chunks of at most this many steps, each starting from the
+  recurrent state the env runner recorded).
+* Masking: :meth:`MaskedPPOTorchRLModule._mask_logits`, the same code as the feed-forward
+  module (illegal logits = most negative float32, so a masked action is never sampled).
+* ``central_critic=True``: the value reads a feed-forward MLP of ``"state"`` (with
+  ``env_config={"state_mode": "agent_specific"}`` MAPPO's state + agent id); the GRU serves
+  the policy only and env runners build the module ``inference_only`` without the critic.
+  Without it, policy and value share the recurrent trunk (JaxMARL's IPPO-RNN layout).
+* ``value_norm`` / ``value_norm_beta`` / ``death_masking``: as for the feed-forward module
+  (validated by the same :func:`~rllib_ext.modules.masked_ppo.check_masked_module_options`).
+
+Recurrent state (``Columns.STATE_IN`` / ``STATE_OUT``): ``{"h": [B, H]}`` for the GRU,
+``{"h": [B, H], "c": [B, H]}`` for the LSTM; :meth:`get_initial_state` returns zeros ``[H]``.
+Inputs carry a time axis ``[B, T, ...]`` (RLlib's ``AddTimeDimToBatchAndZeroPad``; ``T=1`` on
+env runners), outputs too (logits ``[B, T, A]``, values ``[B, T]``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from ray.rllib.core.columns import Columns
+from ray.rllib.core.rl_module.apis import InferenceOnlyAPI
+from ray.rllib.core.rl_module.apis.value_function_api import ValueFunctionAPI
+from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+from ray.rllib.core.rl_module.rl_module import RLModule
+from ray.rllib.core.rl_module.torch import TorchRLModule
+from ray.rllib.models.utils import get_activation_fn
+from ray.rllib.utils.annotations import override
+from torch import nn
+
+from rllib_ext.connectors.death_mask import DEATH_MASKING_KEY
+from rllib_ext.modules.masked_ppo import (
+    CENTRAL_CRITIC_KEY,
+    MaskedPPOTorchRLModule,
+    check_masked_module_options,
+)
+from rllib_ext.modules.value_norm import VALUE_NORM_KEY, ValueNormAPI
+
+__all__ = ["RECURRENT_CELLS", "RECURRENT_CELL_KEY", "MaskedRecurrentPPOTorchRLModule"]
+
+RECURRENT_CELL_KEY = "recurrent_cell"
+"""``model_config`` key selecting the recurrent module and its cell."""
+RECURRENT_CELLS: tuple[str, ...] = ("gru", "lstm")
+
+_SPACE_HELP = (
+    'Expected gymnasium.spaces.Dict({"observations": Box, "action_mask": Box(0, 1, (n,)), '
+    '"state": Box (optional)}) such as rllib_ext.envs.smac.SMACEnv emits.'
+)
+
+
+def _mlp(in_size: int, hiddens: list[int], activation: Any) -> tuple[nn.Module, int]:
+    """``Linear -> activation`` per hidden size; returns the stack and its output size."""
+    layers: list[nn.Module] = []
+    act_cls = get_activation_fn(activation, framework="torch")
+    for size in hiddens:
+        layers.append(nn.Linear(in_size, size))
+        if act_cls is not None:
+            layers.append(act_cls())
+        in_size = size
+    return nn.Sequential(*layers), in_size
+
+
+def recurrent_model_config(model_config: Any) -> dict[str, Any]:
+    """RLlib's ``DefaultModelConfig`` defaults under ``model_config``, validated.
+
+    Raises:
+        ValueError: a bad ``recurrent_cell`` / ``central_critic`` / size, or ``use_lstm=True``
+            (RLlib's own LSTM wrapper) together with ``recurrent_cell``.
+    """
+    if model_config is None:
+        user: dict[str, Any] = {}
+    elif dataclasses.is_dataclass(model_config) and not isinstance(model_config, type):
+        user = dataclasses.asdict(model_config)
+    else:
+        user = dict(model_config)
+    config = dataclasses.asdict(DefaultModelConfig()) | {RECURRENT_CELL_KEY: "gru"} | user
+    cell = config[RECURRENT_CELL_KEY]
+    if cell not in RECURRENT_CELLS:
+        raise ValueError(
+            f"model_config['{RECURRENT_CELL_KEY}']={cell!r} is not supported; allowed values: "
+            f"{', '.join(repr(c) for c in RECURRENT_CELLS)}. Fix: pass e.g. "
+            f"model_config={{'{RECURRENT_CELL_KEY}': 'gru'}}."
+        )
+    check_masked_module_options(config)  # central_critic, value_norm(_beta), death_masking
+    if config.get("use_lstm"):
+        raise ValueError(
+            f"model_config has use_lstm=True and {RECURRENT_CELL_KEY}={cell!r}: use_lstm wraps "
+            "RLlib's default encoder in its own LSTM. Fix: drop use_lstm (recurrent_cell='lstm' "
+            "gives the masked module an LSTM)."
+        )
+    for key in ("lstm_cell_size", "max_seq_len"):
+        value = config[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"model_config['{key}']={value!r} must be an integer >= 1.")
+    return config
+
+
+class MaskedRecurrentPPOTorchRLModule(
+    TorchRLModule, ValueFunctionAPI, InferenceOnlyAPI, ValueNormAPI
+):
+    """Recurrent PPO RLModule for ``Dict`` observations with an action mask (module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        observation_space: gym.Space | None = None,
+        action_space: gym.Space | None = None,
+        inference_only: bool | None = None,
+        learner_only: bool = False,
+        model_config: dict[str, Any] | DefaultModelConfig | None = None,
+        catalog_class: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        if not isinstance(observation_space, gym.spaces.Dict) or not {
+            "observations",
+            "action_mask",
+        } <= set(observation_space.spaces):
+            raise ValueError(
+                f"MaskedRecurrentPPOTorchRLModule got observation_space={observation_space}. "
+                + _SPACE_HELP
+            )
+        config = recurrent_model_config(model_config)
+        if config.get(CENTRAL_CRITIC_KEY, False) and "state" not in observation_space.spaces:
+            raise ValueError(
+                f"model_config['{CENTRAL_CRITIC_KEY}']=True needs a 'state' entry in the "
+                "observation. Fix: env_config={'include_state': True} (the SMAC default)."
+            )
+        # The full dict (RLlib's connectors read model_config["max_seq_len"]).
+        super().__init__(
+            observation_space=observation_space,
+            action_space=action_space,
+            inference_only=inference_only,
+            learner_only=learner_only,
+            model_config=config,
+            catalog_class=catalog_class,
+            **kwargs,
+        )
+
+    @override(RLModule)
+    def setup(self) -> None:
+        config = self.model_config
+        spaces = self.observation_space.spaces
+        self._cell_type: str = config[RECURRENT_CELL_KEY]
+        self._cell_size: int = config["lstm_cell_size"]
+        options = check_masked_module_options(config)
+        self._central_critic: bool = options[CENTRAL_CRITIC_KEY]
+        self._death_masking: bool = options[DEATH_MASKING_KEY]
+        hiddens, activation = list(config["fcnet_hiddens"]), config["fcnet_activation"]
+        obs_dim = int(np.prod(spaces["observations"].shape))
+        self.encoder, size = _mlp(obs_dim, hiddens, activation)
+        cell_cls = nn.GRU if self._cell_type == "gru" else nn.LSTM
+        self.rnn = cell_cls(size, self._cell_size, batch_first=True)
+        self.pi = nn.Linear(self._cell_size, int(self.action_space.n))
+        if self._central_critic:
+            state_dim = int(np.prod(spaces["state"].shape))
+            self.central_critic_encoder, size = _mlp(state_dim, hiddens, activation)
+            self.vf = nn.Linear(size, 1)
+        else:
+            self.vf = nn.Linear(self._cell_size, 1)
+        self.setup_value_norm(config)
+
+    @property
+    def central_critic(self) -> bool:
+        """Whether the value head reads the global state."""
+        return self._central_critic
+
+    @property
+    def death_masking(self) -> bool:
+        """Whether the learner drops dead agents' rows from the loss."""
+        return self._death_masking
+
+    @property
+    def recurrent_cell(self) -> str:
+        """``"gru"`` or ``"lstm"``."""
+        return self._cell_type
+
+    @override(RLModule)
+    def get_initial_state(self) -> dict[str, np.ndarray]:
+        zeros = np.zeros((self._cell_size,), dtype=np.float32)
+        if self._cell_type == "gru":
+            return {"h": zeros}
+        return {"h": zeros, "c": zeros.copy()}
+
+    @override(InferenceOnlyAPI)
+    def get_non_inference_attributes(self) -> list[str]:
+        names = ["vf", VALUE_NORM_KEY]
+        return [*names, "central_critic_encoder"] if self._central_critic else names
+
+    def _split(self, batch: dict[str, Any]) -> tuple[Any, torch.Tensor, Any]:
+        obs = batch[Columns.OBS]
+        if not isinstance(obs, dict) or "action_mask" not in obs or "observations" not in obs:
+            raise ValueError(
+                f"MaskedRecurrentPPOTorchRLModule needs dict observations; got "
+                f"{type(obs).__name__} with keys {sorted(obs) if isinstance(obs, dict) else '-'}. "
+                + _SPACE_HELP
+            )
+        return obs["observations"], obs["action_mask"], obs.get("state")
+
+    def _features(
+        self, observations: torch.Tensor, state_in: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``[B, T, obs_dim]`` and ``{"h": [B, H](, "c")}`` -> ``[B, T, H]`` and state out."""
+        embedded = self.encoder(observations.float())
+        # nn.GRU / nn.LSTM take the state with a leading layer axis (one layer here).
+        h = state_in["h"].unsqueeze(0)
+        if self._cell_type == "gru":
+            features, h_out = self.rnn(embedded, h)
+            return features, {"h": h_out.squeeze(0)}
+        features, (h_out, c_out) = self.rnn(embedded, (h, state_in["c"].unsqueeze(0)))
+        return features, {"h": h_out.squeeze(0), "c": c_out.squeeze(0)}
+
+    def _value_embeddings(self, features: torch.Tensor, state: Any) -> torch.Tensor:
+        if self._central_critic:
+            return self.central_critic_encoder(state.float())
+        return features
+
+    @override(TorchRLModule)
+    def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        observations, action_mask, _ = self._split(batch)
+        features, state_out = self._features(observations, batch[Columns.STATE_IN])
+        output = {Columns.ACTION_DIST_INPUTS: self.pi(features), Columns.STATE_OUT: state_out}
+        return MaskedPPOTorchRLModule._mask_logits(output, action_mask)
+
+    @override(TorchRLModule)
+    def _forward_train(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        observations, action_mask, state = self._split(batch)
+        features, state_out = self._features(observations, batch[Columns.STATE_IN])
+        output = {
+            Columns.ACTION_DIST_INPUTS: self.pi(features),
+            Columns.STATE_OUT: state_out,
+            # PPO's loss calls compute_values(batch, embeddings=output[EMBEDDINGS]).
+            Columns.EMBEDDINGS: self._value_embeddings(features, state),
+        }
+        return MaskedPPOTorchRLModule._mask_logits(output, action_mask)
+
+    @override(ValueFunctionAPI)
+    def compute_values(self, batch: dict[str, Any], embeddings: Any = None) -> torch.Tensor:
+        """Values ``[B, T]`` (``embeddings``: ``forward_train``'s, else computed from the batch);
+        de-normalized with ``value_norm`` on (see ``ValueNormAPI.values_from_head``)."""
+        if embeddings is None:
+            observations, _, state = self._split(batch)
+            if self._central_critic:
+                embeddings = self._value_embeddings(observations, state)
+            else:
+                features, _ = self._features(observations, batch[Columns.STATE_IN])
+                embeddings = features
+        return self.values_from_head(self.vf(embeddings).squeeze(-1))
