@@ -51,6 +51,14 @@ def test_agent_specific_state_is_global_state_plus_one_hot_id():
             obs_specific, _ = specific.reset()
 
 
+def test_pettingzoo_parallel_api_with_agent_specific_state():
+    env = parallel_env(map_name="3m", backend="smax", seed=0, state_mode="agent_specific")
+    parallel_api_test(env, num_cycles=100)
+    obs, _ = env.reset(seed=1)
+    np.testing.assert_array_equal(obs["agent_1"]["state"][:-3], env.state())
+    np.testing.assert_array_equal(obs["agent_1"]["state"][-3:], [0.0, 1.0, 0.0])
+
+
 def test_sizes_for_3s5z_vs_3s6z():
     info = smax_env("3s5z_vs_3s6z").env_info
     # REFERENCE_NOTES §B: 14 actions, obs 218, world state 204; stop (4) is the no-op.
