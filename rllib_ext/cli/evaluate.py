@@ -1,32 +1,38 @@
 """``rllib-ext evaluate CHECKPOINT``: episodes with a trained policy, no Ray needed.
 
-The checkpoint's own config rebuilds a *local* EnvRunner (the same class RLlib samples with),
-restores its connectors (observation filters and the like) and the learner's RLModule weights,
-and samples with ``explore=False``: ``forward_inference`` plus ``dist.to_deterministic()``
-(argmax for discrete actions, the mean for Gaussian ones) in RLlib's ``GetActions`` connector;
-``explore=True`` (``--explore``) samples from the action distribution instead
-(``forward_exploration``), as the training runs did.
+Everything is loaded through RLlib's public checkpoint API, in one local process:
+
+* the config: the one ``rllib-ext train`` built from the settings saved in the checkpoint
+  (:func:`~rllib_ext.cli.runconfig.saved_settings`), or, for RLlib's own algorithm
+  checkpoints, the config of the env runner that RLlib's reader
+  ``Checkpointable.from_checkpoint(CHECKPOINT/env_runner)`` rebuilds;
+* the env runner's state (connectors: observation filters and the like) with
+  ``EnvRunner.restore_from_path``;
+* the trained weights with ``RLModule.from_checkpoint`` on the learner's module
+  (``learner_group/learner/rl_module``, RLlib's ``COMPONENT_*`` names), handed to the env
+  runner with ``set_state`` like a weight sync during training.
+
+A *local* EnvRunner (the same class RLlib samples with) then plays with ``explore=False``:
+``forward_inference`` plus ``dist.to_deterministic()`` (argmax for discrete actions, the mean
+for Gaussian ones) in RLlib's ``GetActions`` connector; ``explore=True`` (``--explore``)
+samples from the action distribution instead (``forward_exploration``), as the training runs
+did.
 
 ``video_dir`` (``--video DIR``) wraps a gymnasium env in gymnasium's ``RecordVideo``
 (``render_mode="rgb_array"``, one MP4 per episode; needs ``moviepy``, the ``video`` extra).
-
-Single-agent and multi-agent checkpoints differ only in the EnvRunner class and the path of
-the module weights, see :data:`_EPISODE_RUNNERS`.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
-import pickle
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from rllib_ext.cli.runconfig import CLIError, resolve_checkpoint
+from rllib_ext.cli.runconfig import CLIError, resolve_checkpoint, saved_settings
 
 __all__ = ["EvaluationResult", "evaluate", "load_checkpoint_config"]
 
@@ -70,58 +76,66 @@ class EvaluationResult:
 
 
 def load_checkpoint_config(checkpoint: Path) -> Any:
-    """The ``AlgorithmConfig`` an RLlib algorithm checkpoint was written with."""
-    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+    """The algorithm config ``checkpoint`` was trained with (a mutable copy).
 
-    ctor_file = checkpoint / "class_and_ctor_args.pkl"
-    try:
-        with ctor_file.open("rb") as f:
-            ctor = pickle.load(f)
-        config_state = ctor["ctor_args_and_kwargs"][0][0]
-        return AlgorithmConfig.from_state(config_state)
-    except (OSError, KeyError, IndexError, TypeError, pickle.UnpicklingError) as exc:
+    ``rllib-ext train`` checkpoints: rebuilt from their saved settings by the code that built it
+    for training (custom env registration, SMAC policy mapping, the env guard included). Other
+    RLlib algorithm checkpoints: the config RLlib stored with their env runner, read by
+    ``Checkpointable.from_checkpoint`` (RLlib's reader).
+
+    Raises:
+        CLIError: neither is readable at ``checkpoint``.
+    """
+    settings = saved_settings(checkpoint)
+    if settings is not None:
+        from rllib_ext.cli.ppo_config import build_algo_config
+
+        return build_algo_config(settings).copy(copy_frozen=False)
+    from ray.rllib.core import COMPONENT_ENV_RUNNER
+    from ray.rllib.utils.checkpoints import Checkpointable
+
+    if not (checkpoint / COMPONENT_ENV_RUNNER).is_dir():
         raise CLIError(
-            f"checkpoint {str(checkpoint)!r} has no readable algorithm config ({exc}). Fix: pass "
-            "an algorithm checkpoint written by 'rllib-ext train' or Algorithm.save_to_path()."
-        ) from None
+            f"checkpoint {str(checkpoint)!r} has no {COMPONENT_ENV_RUNNER}/ directory to read "
+            "the algorithm config from. Fix: pass an algorithm checkpoint written by "
+            "'rllib-ext train' or Algorithm.save_to_path()."
+        )
+    # RLlib's reader of its own checkpoints: builds the env runner class stored there.
+    runner: Any = Checkpointable.from_checkpoint(checkpoint / COMPONENT_ENV_RUNNER)
+    try:
+        return runner.config.copy(copy_frozen=False)
+    finally:
+        runner.stop()
 
 
-Episodes = list[Any]
+def _play(config: Any, checkpoint: Path, episodes: int, explore: bool) -> list[Any]:
+    """Episodes of a local env runner with ``checkpoint``'s connectors and trained weights.
 
-
-def _run_single_agent(config: Any, checkpoint: Path, episodes: int, explore: bool) -> Episodes:
+    Multi-agent checkpoints (SMAC, PettingZoo) play on RLlib's ``MultiAgentEnvRunner``; their
+    episode returns are summed over agents.
+    """
+    from ray.rllib.core import (
+        COMPONENT_ENV_RUNNER,
+        COMPONENT_LEARNER,
+        COMPONENT_LEARNER_GROUP,
+        COMPONENT_RL_MODULE,
+    )
+    from ray.rllib.core.rl_module import RLModule
+    from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
     from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
-    runner = SingleAgentEnvRunner(config=config)
+    # The learner's copy of the policy is the trained one (the env runner's is the last sync).
+    trained = RLModule.from_checkpoint(
+        checkpoint / COMPONENT_LEARNER_GROUP / COMPONENT_LEARNER / COMPONENT_RL_MODULE
+    )
+    runner_cls = MultiAgentEnvRunner if config.is_multi_agent else SingleAgentEnvRunner
+    runner = runner_cls(config=config)
     try:
-        runner.restore_from_path(checkpoint / "env_runner")
-        # The EnvRunner holds one RLModule; the learner's copy of the policy is the trained one.
-        module_dir = checkpoint / "learner_group" / "learner" / "rl_module" / "default_policy"
-        runner.restore_from_path(module_dir, component="rl_module")
+        runner.restore_from_path(checkpoint / COMPONENT_ENV_RUNNER)
+        runner.set_state({COMPONENT_RL_MODULE: trained.get_state(inference_only=True)})
         return runner.sample(num_episodes=episodes, explore=explore)[:episodes]
     finally:
         runner.stop()
-
-
-def _run_multi_agent(config: Any, checkpoint: Path, episodes: int, explore: bool) -> Episodes:
-    """Multi-agent checkpoints (SMAC, PettingZoo): episode returns are summed over agents."""
-    from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
-
-    runner = MultiAgentEnvRunner(config=config)
-    try:
-        runner.restore_from_path(checkpoint / "env_runner")
-        module_dir = checkpoint / "learner_group" / "learner" / "rl_module"
-        runner.restore_from_path(module_dir, component="rl_module")
-        return runner.sample(num_episodes=episodes, explore=explore)[:episodes]
-    finally:
-        runner.stop()
-
-
-_EPISODE_RUNNERS: dict[bool, Callable[[Any, Path, int, bool], Episodes]] = {
-    False: _run_single_agent,
-    True: _run_multi_agent,
-}
-"""``config.is_multi_agent`` -> how to play episodes."""
 
 
 def _recording_env(
@@ -208,7 +222,7 @@ def evaluate(
         _record_videos(config, video_dir)
     from rllib_ext.envs.smac import battle_info
 
-    played = _EPISODE_RUNNERS[bool(config.is_multi_agent)](config, path, episodes, explore)
+    played = _play(config, path, episodes, explore)
     infos = [battle_info(e) for e in played]
     wins = tuple(bool(i["battle_won"]) for i in infos if i is not None)
     return EvaluationResult(

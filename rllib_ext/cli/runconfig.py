@@ -52,6 +52,7 @@ __all__ = [
     "load_yaml",
     "resolve_checkpoint",
     "resolve_settings",
+    "saved_settings",
 ]
 
 SETTINGS_FILE = "rllib_ext_settings.json"
@@ -204,6 +205,14 @@ def _checkpoint_values(checkpoint: Path) -> dict[str, Any]:
     for key in ("resume", "run_dir", "checkpoint_dir", "address"):
         values.pop(key, None)
     return {k: v for k, v in values.items() if k in _BY_KEY}
+
+
+def saved_settings(checkpoint: Path) -> TrainSettings | None:
+    """The settings ``rllib-ext train`` ran with when it wrote ``checkpoint`` (``None`` for a
+    checkpoint without :data:`SETTINGS_FILE`, e.g. RLlib's own ``Algorithm.save_to_path``)."""
+    if not (checkpoint / SETTINGS_FILE).is_file():
+        return None
+    return TrainSettings.from_values(_checkpoint_values(checkpoint))
 
 
 def parse_set(pairs: Iterable[str]) -> dict[str, Any]:
