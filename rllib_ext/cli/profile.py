@@ -55,7 +55,7 @@ def profile(
     from ray.rllib.algorithms.ppo import PPOConfig as RLlibPPOConfig
 
     from rllib_ext.cli.ppo_config import build_algo_config, check_settings, ray_init_kwargs
-    from rllib_ext.profiling import check_out_dir, enable_profiling
+    from rllib_ext.profiling import TRACE_FILE, check_out_dir, enable_profiling
 
     timed = parse_count("--iterations", iterations, minimum=1, example=3)
     warmup = parse_count("--warmup", warmup, minimum=0, example=1)
@@ -66,7 +66,7 @@ def profile(
         out = check_out_dir(out_dir)
     except ValueError as exc:
         raise CLIError(str(exc)) from None
-    for stale in ("breakdown.json", "breakdown.txt", "top_ops.txt"):
+    for stale in ("breakdown.json", "breakdown.txt", "top_ops.txt", f"trace/{TRACE_FILE}"):
         (out / stale).unlink(missing_ok=True)  # render() reads what this run wrote
     check_settings(settings)
     config = build_algo_config(settings, config_cls=RLlibPPOConfig if stock else None)

@@ -1,14 +1,11 @@
 """Profiling: where a PPO training iteration's wall time goes, plus a PyTorch profiler trace.
 
-``enable_profiling(config, out_dir="prof", iterations=[3, 4, 5])`` (rllib_ext or stock PPO config,
-also as a Tune ``param_space``) selects timing subclasses of the config's EnvRunner and Learner
-classes (:mod:`~rllib_ext.profiling.env_runner`, :mod:`~rllib_ext.profiling.learner`), which log
-seconds through RLlib's ``MetricsLogger``, and adds :class:`ProfilerCallback`: each profiled
-iteration's result gets ``rllib_ext_profile/<phase>`` shares (:mod:`~rllib_ext.profiling.breakdown`)
-and the learner update of the next iteration is traced with the PyTorch profiler. Then
-``breakdown.json``/``.txt``, ``top_ops.txt`` and ``trace/learner.pt.trace.json.gz`` (for
-TensorBoard's PyTorch profiler plugin or https://ui.perfetto.dev) are written to ``out_dir``.
-``rllib-ext profile`` (:mod:`rllib_ext.cli.profile`) runs it with the ``train`` flags.
+``enable_profiling(config, out_dir="prof", iterations=[3, 4, 5])`` (any PPO config, also as a Tune
+``param_space``) selects timing subclasses of the config's EnvRunner and Learner, which log through
+RLlib's ``MetricsLogger``, and adds :class:`ProfilerCallback`: each timed iteration's result gets
+``rllib_ext_profile/<phase>`` shares, and ``out_dir`` gets ``breakdown.json``/``.txt``, the top
+operators (``top_ops.txt``) and the Chrome trace (``trace/learner.pt.trace.json.gz``, for
+TensorBoard or https://ui.perfetto.dev) of the next iteration's learner update.
 """
 
 from __future__ import annotations
