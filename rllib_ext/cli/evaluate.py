@@ -24,6 +24,7 @@ did.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 from dataclasses import dataclass
@@ -90,7 +91,10 @@ def load_checkpoint_config(checkpoint: Path) -> Any:
     if settings is not None:
         from rllib_ext.cli.ppo_config import build_algo_config
 
-        return build_algo_config(settings).copy(copy_frozen=False)
+        # The user's training callbacks (--callbacks) are not needed to play episodes.
+        return build_algo_config(dataclasses.replace(settings, callbacks=[])).copy(
+            copy_frozen=False
+        )
     from ray.rllib.core import COMPONENT_ENV_RUNNER
     from ray.rllib.utils.checkpoints import Checkpointable
 

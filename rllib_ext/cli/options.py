@@ -22,6 +22,7 @@ from rllib_ext.cli.values import (
     as_bool,
     choice,
     choice_names,
+    class_paths,
     display,
     float_value,
     fraction,
@@ -84,6 +85,7 @@ GROUPS: dict[str, str] = {
     "resources": "resources: Ray, env runners, learners",
     "ppo": "PPO hyper-parameters (any PPOConfig.training() key)",
     "rllib_ext": "rllib_ext components (PPOConfig.training() flags of rllib_ext)",
+    "logging": "logging: experiment trackers and your RLlib callbacks",
 }
 """``--help`` sections, in order."""
 
@@ -309,6 +311,44 @@ CORE_OPTIONS: tuple[Option, ...] = (
         example="drop",
         metavar="{warn,drop}",
         group="env",
+    ),
+    # Trackers and callbacks (rllib_ext.cli.tracking).
+    Option(
+        "wandb_project",
+        convert=optional(text),
+        default=None,
+        help="also log each iteration to this Weights & Biases project with Tune's "
+        "WandbLoggerCallback (needs 'pip install wandb' and 'wandb login' or WANDB_API_KEY)",
+        example="my-project",
+        metavar="NAME",
+        group="logging",
+        train_only=True,
+        default_text="off",
+    ),
+    Option(
+        "mlflow_tracking_uri",
+        convert=optional(text),
+        default=None,
+        help="also log each iteration to MLflow (experiment 'rllib-ext') with Tune's "
+        "MLflowLoggerCallback, e.g. http://host:5000 or sqlite:///mlflow.db (needs 'pip "
+        "install mlflow')",
+        example="http://localhost:5000",
+        metavar="URI",
+        group="logging",
+        train_only=True,
+        default_text="off",
+    ),
+    Option(
+        "callbacks",
+        convert=class_paths,
+        default=[],
+        help="your RLlibCallback subclasses as 'pkg.module:Class' (comma-separated for "
+        "several; a list in YAML), added to rllib_ext's own callbacks",
+        example="mypkg.callbacks:MyCallbacks",
+        metavar="MODULE:CLASS",
+        group="logging",
+        train_only=True,
+        default_text="none",
     ),
     Option(
         "learner_timeout",

@@ -27,9 +27,11 @@ def check_settings(settings: TrainSettings) -> None:
     """
     from rllib_ext.cli.envs import check_env
     from rllib_ext.cli.inputs import check_inputs
+    from rllib_ext.cli.tracking import check_tracking
 
     check_inputs(settings)
     check_env(settings.env, settings.env_config)
+    check_tracking(settings)
     if settings.num_gpus_per_learner > 0 and settings.address is None:
         import torch
 
@@ -87,6 +89,12 @@ def build_algo_config(settings: TrainSettings, *, config_cls: type | None = None
         from rllib_ext.cli.envs import configure_env
 
         configure_env(config, settings)
+    if settings.callbacks:
+        from rllib_ext.cli.tracking import load_callbacks
+        from rllib_ext.smac_config import add_callback
+
+        for callback in load_callbacks(settings.callbacks):
+            add_callback(config, callback)
     return config
 
 

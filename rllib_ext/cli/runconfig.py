@@ -95,6 +95,10 @@ class TrainSettings:
     restart_failed_env_runners: bool = True
     non_finite: str = "warn"
     learner_timeout: float = 600.0
+    wandb_project: str | None = None
+    mlflow_tracking_uri: str | None = None
+    callbacks: list[str] = field(default_factory=list)
+    """``pkg.module:Class`` paths of the user's RLlib callbacks (:mod:`~rllib_ext.cli.tracking`)."""
     extensions: dict[str, Any] = field(
         default_factory=lambda: {o.key: o.default for o in EXTENSION_OPTIONS}
     )
@@ -113,7 +117,9 @@ class TrainSettings:
 
 
 def _copy_default(option: Option) -> Any:
-    return dict(option.default) if isinstance(option.default, dict) else option.default
+    if isinstance(option.default, (dict, list)):
+        return type(option.default)(option.default)
+    return option.default
 
 
 def _convert(option: Option, value: Any, where: str) -> Any:

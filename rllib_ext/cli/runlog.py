@@ -27,12 +27,14 @@ hides the events of the lost iterations.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import os
+import re
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,7 @@ __all__ = [
     "ProgressCsvCallback",
     "RunLog",
     "RunTrial",
+    "run_trial_id",
     "trim_after",
 ]
 
@@ -69,12 +72,23 @@ class RunTrial:
     evaluated_params: dict[str, Any] = field(default_factory=dict)
     checkpoint: None = None
     trial_id: str = "rllib_ext"
+    """Names the run in trackers (the W&B run id, the MLflow run name); see :func:`run_trial_id`."""
+    experiment_dir_name: str = "rllib_ext"
+    """The W&B group."""
 
     def init_local_path(self) -> None:
         Path(self.local_path).mkdir(parents=True, exist_ok=True)
 
     def __str__(self) -> str:
         return self.trial_id
+
+
+def run_trial_id(run_dir: Path) -> str:
+    """A tracker id for ``run_dir``: its name and a hash of its absolute path (letters, digits,
+    ``_`` and ``-`` only, as W&B run ids need). Every segment of a run gets the same id."""
+    name = re.sub(r"[^A-Za-z0-9_-]+", "_", run_dir.name)[:48] or "run"
+    digest = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:8]
+    return f"{name}-{digest}"
 
 
 def _replace_text(path: Path, text: str) -> None:
@@ -217,14 +231,29 @@ class RunLog:
         tensorboard: write TensorBoard events (needs ``tensorboardX``).
     """
 
-    def __init__(self, run_dir: Path, config: Mapping[str, Any], *, tensorboard: bool = True):
+    def __init__(
+        self,
+        run_dir: Path,
+        config: Mapping[str, Any],
+        *,
+        tensorboard: bool = True,
+        trackers: Sequence[LoggerCallback] = (),
+    ):
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.trial = RunTrial(local_path=str(run_dir), config=dict(config))
+        self.trial = RunTrial(
+            local_path=str(run_dir),
+            config=dict(config),
+            trial_id=run_trial_id(run_dir),
+            experiment_dir_name=run_dir.name,
+        )
         self.callbacks: list[LoggerCallback] = [JsonLoggerCallback(), ProgressCsvCallback()]
         if tensorboard:
             _after_purge_marker(run_dir)
             self.callbacks.append(TBXLoggerCallback())
+        for tracker in trackers:  # W&B, MLflow (rllib_ext.cli.tracking): Tune runs setup() first
+            tracker.setup()
+            self.callbacks.append(tracker)
         for callback in self.callbacks:
             callback.log_trial_start(self.trial)
 
@@ -238,6 +267,8 @@ class RunLog:
     def close(self) -> None:
         for callback in self.callbacks:
             callback.log_trial_end(self.trial, failed=False)
+            # Tune's end of an experiment: W&B waits here for its uploads to finish.
+            callback.on_experiment_end(trials=[self.trial])
         self.callbacks = []
 
 

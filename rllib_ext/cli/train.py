@@ -44,6 +44,7 @@ from rllib_ext.cli.runconfig import TrainSettings
 from rllib_ext.cli.rundir import SETTINGS_JSON, RunPlan, plan_run
 from rllib_ext.cli.runlog import RunLog, trim_after
 from rllib_ext.cli.sinks import TrainResult, summary_table, write_summary
+from rllib_ext.cli.tracking import tracker_callbacks
 
 __all__ = [
     "Segment",
@@ -178,7 +179,7 @@ def _run(
         watchdog = start_learner_watchdog(algo, settings, plan.checkpoint_dir, signals)
         with signals.deferred():
             trim_after(plan.run_dir, segment.base.iteration if plan.continues_here else 0)
-            run_log = RunLog(plan.run_dir, config.to_dict())
+            run_log = RunLog(plan.run_dir, config.to_dict(), trackers=tracker_callbacks(settings))
         reporter = ProgressReporter(
             stop_reward=settings.stop_reward,
             stop_timesteps=settings.stop_timesteps,

@@ -19,6 +19,7 @@ __all__ = [
     "as_bool",
     "choice",
     "choice_names",
+    "class_paths",
     "display",
     "float_value",
     "fraction",
@@ -205,3 +206,17 @@ def resource_map(value: Any) -> dict[str, float]:
                 f"must map each resource to a number > 0, got {name!r}: {amount!r}"
             ) from None
     return resources
+
+
+def class_paths(value: Any) -> list[str]:
+    """``pkg.module:Class`` paths: one, comma-separated ones, or a YAML list of them."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)):
+        raise ValueError("must be 'pkg.module:Class' or a list of them")
+    paths = []
+    for item in items:
+        module, sep, name = str(item).strip().partition(":")
+        if not sep or not module or not name.isidentifier():
+            raise ValueError(f"has {str(item).strip()!r}, not of the form 'pkg.module:Class'")
+        paths.append(f"{module}:{name}")
+    return paths

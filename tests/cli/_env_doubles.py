@@ -1,4 +1,5 @@
-"""Test doubles for env-fault and input-path tests: small CartPole variants.
+"""Test doubles for env-fault, input-path and --callbacks tests: small CartPole variants and a
+user callback (:class:`MarkResults`).
 
 Importing this module registers ``FlakyCartPole-v0`` with gymnasium, so
 ``--env tests.cli._env_doubles:FlakyCartPole-v0`` exercises the ``module:EnvId`` form.
@@ -10,9 +11,10 @@ import random
 from typing import Any
 
 import gymnasium as gym
+from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.env.multi_agent_env import MultiAgentEnv
 
-__all__ = ["FlakyCartPole", "NaNRewardCartPole", "TwoCartPoles"]
+__all__ = ["FlakyCartPole", "MarkResults", "NaNRewardCartPole", "TwoCartPoles"]
 
 
 class _CartPole(gym.Env):
@@ -101,3 +103,10 @@ class TwoCartPoles(MultiAgentEnv):
 
 
 gym.register("FlakyCartPole-v0", entry_point=FlakyCartPole, max_episode_steps=500)
+
+
+class MarkResults(RLlibCallback):
+    """A user callback for ``--callbacks``: marks every training result."""
+
+    def on_train_result(self, *, result: dict, **kwargs: Any) -> None:
+        result["marked_by_user_callback"] = 1
