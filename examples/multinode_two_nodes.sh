@@ -58,6 +58,7 @@ cleanup() {
     stop_group "$HEAD_PID"
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM
 
 start_worker() { # each node: 2 CPUs and one learner slot; --block keeps it in our process group
     setsid "$RAY" start --address="$ADDRESS" --num-cpus=2 --resources="$SLOT" \
@@ -65,12 +66,14 @@ start_worker() { # each node: 2 CPUs and one learner slot; --block keeps it in o
     WORKER_PID=$!
 }
 
-alive_nodes() {
-    "$RAY" status --address="$ADDRESS" 2>/dev/null | grep -c ' node_' || true
+alive_nodes() { # as the GCS sees them (`ray status` keeps listing a lost node for minutes)
+    "$VENV_BIN/python" -c "import ray
+ray.init(address='$ADDRESS', logging_level='ERROR', log_to_driver=False)
+print(sum(node['Alive'] for node in ray.nodes()))" 2>/dev/null || echo 0
 }
 
 wait_nodes() { # wait_nodes N: until the cluster has N alive nodes
-    for _ in $(seq 120); do
+    for _ in $(seq 60); do
         [[ $(alive_nodes) == "$1" ]] && return 0
         sleep 1
     done
@@ -109,8 +112,8 @@ echo "kill -9 $raylet (the worker node's raylet)"
 kill -KILL "$raylet"
 status=0
 wait "$train_pid" || status=$?
-grep -v '^\s*$' "$WORK/killed.log" | tail -n 3
-echo "exit status $status"
+grep '^rllib-ext: error' "$WORK/killed.log" || tail -n 20 "$WORK/killed.log"
+echo "exit status $status, Python tracebacks: $(grep -c '^Traceback' "$WORK/killed.log")"
 
 say "4. --resume while the worker node is gone"
 stop_group "$WORKER_PID"
@@ -126,3 +129,4 @@ start_worker
 wait_nodes 2
 "${TRAIN[@]}" --resume "$RUN_DIR" --stop-timesteps 640 2>&1 | tee "$WORK/restarted.log"
 echo "checkpoints: $(ls "$RUN_DIR/checkpoints" | tr '\n' ' ')"
+

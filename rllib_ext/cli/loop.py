@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rllib_ext.cli.checkpoints import RunState, commit_checkpoint
+from rllib_ext.cli.checkpoints import RunState, commit_checkpoint, scan
 from rllib_ext.cli.interrupts import RunInterrupted, Signals
 from rllib_ext.cli.progress import IterationStats, ProgressReporter
-from rllib_ext.cli.runconfig import TrainSettings
+from rllib_ext.cli.runconfig import CLIError, TrainSettings
 
 __all__ = [
     "LoopOutcome",
@@ -27,6 +27,7 @@ __all__ = [
     "env_steps_of",
     "episode_return_of",
     "interrupt_reason",
+    "lost_cluster_member",
     "run_training_loop",
     "win_rate_of",
 ]
@@ -143,7 +144,18 @@ def run_training_loop(
 
     try:
         while True:
-            result = algo.train()
+            try:
+                result = algo.train()
+            except Exception as exc:
+                lost = lost_cluster_member(exc)
+                if lost is None:
+                    raise
+                raise CLIError(
+                    f"a Ray node or actor of this run was lost in iteration {algo.iteration + 1} "
+                    f"({lost}). Last complete checkpoint: {scan(checkpoint_dir).newest or 'none'}. "
+                    "Fix: bring the node back (ray start --address ...) or lower --num-learners/"
+                    f"--num-env-runners, then continue with --resume {run_dir}."
+                ) from None
             elapsed = time.perf_counter() - segment.started
             steps = env_steps_of(result)
             episode_return = episode_return_of(result)
@@ -189,6 +201,30 @@ def run_training_loop(
         checkpoint = commit()
     state = segment.state(iteration=logged_iteration, env_steps=env_steps, run_dir=run_dir)
     return LoopOutcome(result, reason, checkpoint, state)
+
+
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer")
+"""gloo's words for a collective whose peer learner died (its node or process was lost)."""
+
+
+def lost_cluster_member(exc: BaseException) -> str | None:
+    """``"TYPE: first line"`` when ``exc`` says an actor of the run died, else ``None``.
+
+    The dead actor's own call raises ``RayActorError`` (``NodeDiedError`` for its node); the
+    learners that survive fail in their all-reduce with the peer gone, which Ray hands over as a
+    ``RayTaskError``. Any other error is a bug to show in full.
+    """
+    import ray.exceptions
+
+    cause: BaseException = exc
+    if isinstance(exc, ray.exceptions.RayTaskError):
+        cause = exc.cause if exc.cause is not None else exc
+        if not any(marker in str(cause) for marker in _PEER_LOST):
+            return None
+    elif not isinstance(exc, (ray.exceptions.RayActorError, ray.exceptions.NodeDiedError)):
+        return None
+    first = (str(cause).strip().splitlines() or [""])[0]
+    return f"{type(cause).__name__}: {first[:160]}"
 
 
 def interrupt_reason(exc: BaseException) -> str:
