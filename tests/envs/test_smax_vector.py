@@ -206,7 +206,14 @@ def test_build_algo_train_uses_batched_runner_on_remote_env_runner(ray_session):
     config = (
         PPOConfig()
         .environment("smax", env_config={"map_name": "3m", "seed": 0})
-        .env_runners(num_env_runners=1, num_envs_per_env_runner=4, rollout_fragment_length=32)
+        .env_runners(
+            num_env_runners=1,
+            num_envs_per_env_runner=4,
+            rollout_fragment_length=32,
+            # The first sample() compiles the jitted step; on a busy 2-core machine that can
+            # pass RLlib's 60 s default, and a timed-out sample() returns fewer steps.
+            sample_timeout_s=600.0,
+        )
         .training(train_batch_size_per_learner=128, minibatch_size=64, num_epochs=1)
     )
     algo = config.build_algo()

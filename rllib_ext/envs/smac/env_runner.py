@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Mapping
 from typing import Any, cast
 
 import numpy as np
@@ -41,8 +40,13 @@ from ray.rllib.utils.metrics import (
 )
 from ray.rllib.utils.numpy import convert_to_numpy
 
-from rllib_ext.envs.smac.fused import EnvTrack, build_chunk, fused_sampling_applies
-from rllib_ext.envs.smac.settings import SMACEnvSettings
+from rllib_ext.envs.smac.factory import smax_env_config
+from rllib_ext.envs.smac.fused import (
+    EnvTrack,
+    build_chunk,
+    fused_sampling_applies,
+    initial_state_rows,
+)
 from rllib_ext.envs.smac.vector import SMAXBatch, SMAXVectorEnv
 from rllib_ext.profiling.env_runner import sample_phase
 
@@ -59,29 +63,6 @@ SMAX_BATCHED_METRIC = "smax_batched_envs"
 """``env_runners/<this>``: battles stepped per compiled call (0: not the batched path)."""
 SMAX_FUSED_METRIC = "smax_fused_sampling"
 """``env_runners/<this>``: 1 when the last ``sample()`` ran the array-speed path."""
-
-
-def smax_env_config(env: Any, env_config: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """The SMAC ``env_config`` with ``backend="smax"`` if ``env`` runs on SMAX, else ``None``.
-
-    ``backend="auto"`` is resolved by :func:`rllib_ext.envs.smac.factory.resolve_backend`, the
-    rule the env itself uses.
-    """
-    from rllib_ext.envs import SMAC_ENV_DEFAULTS, is_smac_env
-
-    if not is_smac_env(env):
-        return None
-    defaults = SMAC_ENV_DEFAULTS.get(env, {}) if isinstance(env, str) else {}
-    merged = {**defaults, **dict(env_config or {})}
-    try:
-        settings = SMACEnvSettings.from_env_config(merged)
-    except (TypeError, ValueError):
-        return None  # the env itself raises the full message when it is built
-    from rllib_ext.envs.smac.factory import resolve_backend
-
-    if resolve_backend(settings) != "smax":
-        return None
-    return {**merged, "backend": "smax"}
 
 
 def use_smax_vector_env_runner(config: AlgorithmConfig) -> bool:
@@ -279,7 +260,7 @@ class SMAXVectorEnvRunner(MultiAgentEnvRunner):
         if reset or tracks is None:
             tracks = self._tracks = [self._new_track(batch, states, e) for e in range(n_envs)]
             self._recurrent_state = (
-                _initial_rows(rl_module, np.ones(rows, dtype=bool), None) if stateful else None
+                initial_state_rows(rl_module, np.ones(rows, dtype=bool), None) if stateful else None
             )
         dist_cls = (
             rl_module.get_exploration_action_dist_cls()
@@ -365,7 +346,7 @@ class SMAXVectorEnvRunner(MultiAgentEnvRunner):
             batch = new
             if state_out is not None:
                 # Envs reset in this call start their episode from the initial state.
-                self._recurrent_state = _initial_rows(
+                self._recurrent_state = initial_state_rows(
                     rl_module, np.repeat(new.was_reset, n_agents), state_out
                 )
         ongoing: list[MultiAgentEpisode] = []
@@ -421,22 +402,3 @@ class SMAXVectorEnvRunner(MultiAgentEnvRunner):
             module_steps,
             reduce="lifetime_sum",
         )
-
-
-def _initial_rows(rl_module: Any, reset_rows: np.ndarray, state: Any) -> Any:
-    """``state`` (a (nested) dict of ``[R, ...]`` arrays, or ``None``) with the rows in
-    ``reset_rows`` (``bool [R]``) set to the module's initial state (all rows when ``None``)."""
-    if state is not None and not reset_rows.any():
-        return state
-    initial = convert_to_numpy(rl_module.get_initial_state())
-    if state is None:
-        return tree.map_structure(
-            lambda x: np.repeat(np.asarray(x)[None], reset_rows.shape[0], axis=0), initial
-        )
-
-    def reset(x: np.ndarray, init: Any) -> np.ndarray:
-        x = np.array(x)  # writable copy (torch outputs may share memory)
-        x[reset_rows] = init
-        return x
-
-    return tree.map_structure(reset, state, initial)

@@ -9,13 +9,15 @@ import stays cheap.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from typing import Any
 
 from rllib_ext.envs.smac import sc2
 from rllib_ext.envs.smac.backend import Backend
 from rllib_ext.envs.smac.settings import SC2_PACKAGES, SMACEnvSettings
 from rllib_ext.envs.smac.smax import SMAXBackend
 
-__all__ = ["make_backend", "resolve_backend"]
+__all__ = ["make_backend", "resolve_backend", "smax_env_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -73,3 +75,24 @@ def make_backend(settings: SMACEnvSettings, seed: int | None) -> Backend:
     if name == "smax":
         return SMAXBackend(settings, seed)
     return sc2.SC2Backend(settings, seed, package=name)
+
+
+def smax_env_config(env: Any, env_config: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The SMAC ``env_config`` with ``backend="smax"`` if ``env`` runs on SMAX, else ``None``.
+
+    ``backend="auto"`` is resolved by :func:`rllib_ext.envs.smac.factory.resolve_backend`, the
+    rule the env itself uses.
+    """
+    from rllib_ext.envs import SMAC_ENV_DEFAULTS, is_smac_env
+
+    if not is_smac_env(env):
+        return None
+    defaults = SMAC_ENV_DEFAULTS.get(env, {}) if isinstance(env, str) else {}
+    merged = {**defaults, **dict(env_config or {})}
+    try:
+        settings = SMACEnvSettings.from_env_config(merged)
+    except (TypeError, ValueError):
+        return None  # the env itself raises the full message when it is built
+    if resolve_backend(settings) != "smax":
+        return None
+    return {**merged, "backend": "smax"}

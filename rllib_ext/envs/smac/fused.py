@@ -37,10 +37,11 @@ from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.core.columns import Columns
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.env.utils.infinite_lookback_buffer import InfiniteLookbackBuffer
+from ray.rllib.utils.numpy import convert_to_numpy
 
 from rllib_ext.profiling.env_runner import PipelineMark
 
-__all__ = ["EnvTrack", "build_chunk", "fused_sampling_applies"]
+__all__ = ["EnvTrack", "build_chunk", "fused_sampling_applies", "initial_state_rows"]
 
 _DEFAULT_ENV_TO_MODULE = (
     "AddObservationsFromEpisodesToBatch",
@@ -269,3 +270,22 @@ def build_chunk(
         agent_episode.observation_space = observation_space[agent]
         agent_episode.action_space = action_space[agent]
     return episode
+
+
+def initial_state_rows(rl_module: Any, reset_rows: np.ndarray, state: Any) -> Any:
+    """``state`` (a (nested) dict of ``[R, ...]`` arrays, or ``None``) with the rows in
+    ``reset_rows`` (``bool [R]``) set to the module's initial state (all rows when ``None``)."""
+    if state is not None and not reset_rows.any():
+        return state
+    initial = convert_to_numpy(rl_module.get_initial_state())
+    if state is None:
+        return tree.map_structure(
+            lambda x: np.repeat(np.asarray(x)[None], reset_rows.shape[0], axis=0), initial
+        )
+
+    def reset(x: np.ndarray, init: Any) -> np.ndarray:
+        x = np.array(x)  # writable copy (torch outputs may share memory)
+        x[reset_rows] = init
+        return x
+
+    return tree.map_structure(reset, state, initial)
