@@ -99,6 +99,24 @@ def check_masked_module_options(model_config: Any) -> dict[str, Any]:
     }
 
 
+def check_masked_observation_space(
+    owner: str, observation_space: gym.Space | None, *, central_critic: bool
+) -> gym.spaces.Dict:
+    """``observation_space`` if it is the masked modules' ``Dict`` (with ``"state"`` when the
+    central critic is on), else one ``ValueError``. ``owner``: the module class named."""
+    if not isinstance(observation_space, gym.spaces.Dict) or not {
+        "observations",
+        "action_mask",
+    } <= set(observation_space.spaces):
+        raise ValueError(f"{owner} got observation_space={observation_space}. " + _SPACE_HELP)
+    if central_critic and "state" not in observation_space.spaces:
+        raise ValueError(
+            f"model_config['{CENTRAL_CRITIC_KEY}']=True needs a 'state' entry in the "
+            "observation. Fix: env_config={'include_state': True} (the SMAC default)."
+        )
+    return observation_space
+
+
 class MaskedPPOTorchRLModule(DefaultPPOTorchRLModule, ValueNormAPI):
     """PPO RLModule for ``Dict`` observations with an action mask (see module docstring)."""
 
@@ -113,21 +131,12 @@ class MaskedPPOTorchRLModule(DefaultPPOTorchRLModule, ValueNormAPI):
         catalog_class: Any = None,
         **kwargs: Any,
     ) -> None:
-        if not isinstance(observation_space, gym.spaces.Dict) or not {
-            "observations",
-            "action_mask",
-        } <= set(observation_space.spaces):
-            raise ValueError(
-                f"MaskedPPOTorchRLModule got observation_space={observation_space}. " + _SPACE_HELP
-            )
         config = _model_config_dict(model_config)
         options = check_masked_module_options(config)
         central = options[CENTRAL_CRITIC_KEY]
-        if central and "state" not in observation_space.spaces:
-            raise ValueError(
-                f"model_config['{CENTRAL_CRITIC_KEY}']=True needs a 'state' entry in the "
-                "observation. Fix: env_config={'include_state': True} (the SMAC default)."
-            )
+        observation_space = check_masked_observation_space(
+            "MaskedPPOTorchRLModule", observation_space, central_critic=central
+        )
         if central and config.get("use_lstm", False):
             raise ValueError(
                 f"model_config['{CENTRAL_CRITIC_KEY}']=True with use_lstm=True is not supported. "

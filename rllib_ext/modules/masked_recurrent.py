@@ -56,6 +56,7 @@ from rllib_ext.modules.masked_ppo import (
     CENTRAL_CRITIC_KEY,
     MaskedPPOTorchRLModule,
     check_masked_module_options,
+    check_masked_observation_space,
 )
 from rllib_ext.modules.value_norm import VALUE_NORM_KEY, ValueNormAPI
 
@@ -134,20 +135,12 @@ class MaskedRecurrentPPOTorchRLModule(
         catalog_class: Any = None,
         **kwargs: Any,
     ) -> None:
-        if not isinstance(observation_space, gym.spaces.Dict) or not {
-            "observations",
-            "action_mask",
-        } <= set(observation_space.spaces):
-            raise ValueError(
-                f"MaskedRecurrentPPOTorchRLModule got observation_space={observation_space}. "
-                + _SPACE_HELP
-            )
         config = recurrent_model_config(model_config)
-        if config.get(CENTRAL_CRITIC_KEY, False) and "state" not in observation_space.spaces:
-            raise ValueError(
-                f"model_config['{CENTRAL_CRITIC_KEY}']=True needs a 'state' entry in the "
-                "observation. Fix: env_config={'include_state': True} (the SMAC default)."
-            )
+        observation_space = check_masked_observation_space(
+            "MaskedRecurrentPPOTorchRLModule",
+            observation_space,
+            central_critic=bool(config.get(CENTRAL_CRITIC_KEY, False)),
+        )
         # The full dict (RLlib's connectors read model_config["max_seq_len"]).
         super().__init__(
             observation_space=observation_space,
