@@ -26,7 +26,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -36,6 +35,7 @@ import pandas as pd
 import pytest
 
 from rllib_ext.cli.checkpoints import COMMIT_DELAY_ENV, RunState, read_run_state, scan
+from tests.cli._procs import console_script, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -48,19 +48,6 @@ TRAINING = json.dumps(
 EXPECTED_CODE = {"sigterm": 143, "sigint": 130, "sigint_twice": 130}
 
 
-def _script(name: str) -> str:
-    path = shutil.which(name, path=str(Path(sys.executable).parent))
-    if path is None:
-        pytest.skip(f"{name} not installed next to {sys.executable}: pip install -e . --no-deps")
-    return path
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A Ray head for this module only.
@@ -69,11 +56,11 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     the default one (``/tmp/ray``) every later ``ray.init()`` on the machine would join this
     cluster. Never ``ray stop``: that would end every Ray on the machine.
     """
-    port = _free_port()
+    port = free_port()
     temp_dir = tempfile.mkdtemp(prefix="rxf", dir="/tmp")  # short: unix socket paths
     log = (tmp_path_factory.mktemp("ray_head") / "head.log").open("w")
     head = subprocess.Popen(
-        [_script("ray"), "start", "--head", f"--port={port}", "--num-cpus=2", "--block"]
+        [console_script("ray"), "start", "--head", f"--port={port}", "--num-cpus=2", "--block"]
         + [f"--temp-dir={temp_dir}", "--include-dashboard=false", "--disable-usage-stats"],
         start_new_session=True,
         stdout=log,
@@ -132,7 +119,7 @@ def _wait(proc: subprocess.Popen, condition, what: str, timeout: float = 180.0) 
 
 def test_kill_anywhere_and_resume(tmp_path: Path, ray_head: str) -> None:
     rng = random.Random(12)
-    script = _script("rllib-ext")
+    script = console_script("rllib-ext")
     run_dir = tmp_path / "run"
     common = ["--address", ray_head, "--no-progress"]
     survived, unverified = 0, 0

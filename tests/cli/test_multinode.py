@@ -18,7 +18,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,22 +30,10 @@ import pytest
 
 from rllib_ext.cli.checkpoints import scan
 from rllib_ext.cli.loop import lost_cluster_member
+from tests.cli._procs import console_script, free_port
 
 SLOT = '{"learner_slot": 1}'
 TRAINING = json.dumps({"train_batch_size_per_learner": 64, "minibatch_size": 32, "num_epochs": 1})
-
-
-def _script(name: str) -> str:
-    path = shutil.which(name, path=str(Path(sys.executable).parent))
-    if path is None:
-        pytest.skip(f"{name} not installed next to {sys.executable}: pip install -e . --no-deps")
-    return path
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
@@ -95,8 +82,8 @@ class TwoNodes:
 @pytest.fixture
 def two_nodes(tmp_path: Path) -> Iterator[TwoNodes]:
     """A head and a worker node, 2 CPUs and one ``learner_slot`` each, in their own temp dir."""
-    ray = _script("ray")
-    port = _free_port()
+    ray = console_script("ray")
+    port = free_port()
     temp_dir = tempfile.mkdtemp(prefix="rxmn", dir="/tmp")  # short: unix socket paths
     address = f"127.0.0.1:{port}"
     node = ["--num-cpus=2", f"--resources={SLOT}", "--disable-usage-stats", "--block"]
@@ -132,7 +119,7 @@ def two_nodes(tmp_path: Path) -> Iterator[TwoNodes]:
 
 
 def _train(address: str, run_dir: Path, *extra: str, stderr: Path) -> subprocess.Popen:
-    argv = [_script("rllib-ext"), "train", "--address", address, "--no-progress"]
+    argv = [console_script("rllib-ext"), "train", "--address", address, "--no-progress"]
     argv += ["--num-env-runners", "2", "--num-envs-per-env-runner", "1", "--num-learners", "2"]
     argv += ["--custom-resources-per-learner", SLOT, "--grad-compression", "powersgd"]
     argv += ["--training", TRAINING, "--stop-reward", "none", "--checkpoint-freq", "1", *extra]
