@@ -224,19 +224,24 @@ def _config(args: argparse.Namespace) -> Any:
             sample_timeout_s=600.0,
         )
         .training(
-            train_batch_size_per_learner=args.train_batch_size,
-            minibatch_size=args.minibatch_size,
-            num_epochs=args.num_epochs,
-            # Linear decay to --lr-end over --lr-decay-steps env steps (RLlib's [[t, lr], ...]).
-            lr=[[0, args.lr], [args.lr_decay_steps, args.lr_end]] if args.lr_end else args.lr,
-            gamma=0.99,
-            lambda_=0.95,
-            entropy_coeff=args.entropy_coeff,
-            vf_loss_coeff=0.5,
-            clip_param=0.2,
-            use_kl_loss=args.kl_coeff > 0,
-            kl_coeff=args.kl_coeff,
-            grad_clip=args.grad_clip,
+            **{
+                "train_batch_size_per_learner": args.train_batch_size,
+                "minibatch_size": args.minibatch_size,
+                "num_epochs": args.num_epochs,
+                # Linear decay to --lr-end over --lr-decay-steps env steps (RLlib's [[t, lr], ...]).
+                "lr": [[0, args.lr], [args.lr_decay_steps, args.lr_end]]
+                if args.lr_end
+                else args.lr,
+                "gamma": 0.99,
+                "lambda_": 0.95,
+                "entropy_coeff": args.entropy_coeff,
+                "vf_loss_coeff": 0.5,
+                "clip_param": 0.2,
+                "use_kl_loss": args.kl_coeff > 0,
+                "kl_coeff": args.kl_coeff,
+                "grad_clip": args.grad_clip,
+                **json.loads(args.training_options),
+            }
         )
         .debugging(seed=args.seed)
     )
@@ -386,6 +391,12 @@ def main() -> None:
         "--smax-options",
         default="{}",
         help="HeuristicEnemySMAX arguments as JSON, e.g. '{\"see_enemy_actions\": true}'",
+    )
+    lp.add_argument(
+        "--training-options",
+        default="{}",
+        help="extra training() keys as JSON (RLlib's or rllib_ext's), e.g. "
+        '\'{"amp": "bf16", "clip_param": 0.1}\'',
     )
     lp.add_argument(
         "--model-options",

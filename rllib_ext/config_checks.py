@@ -84,6 +84,7 @@ def check_algorithm_config(config: Any) -> ConfigCheck:
         )
     if settings.amp.amp_inference:
         _check_amp_env_runner(config)
+    _check_module_options_learner(config)
     warnings = check_comm_resources(
         settings.comm,
         num_learners=config.num_learners,
@@ -112,6 +113,36 @@ def _check_amp_env_runner(config: Any) -> None:
             "(rllib_ext.PPOConfig sets it for you), derive your env runner from it, or set "
             "amp_inference=False."
         )
+
+
+_LEARNER_MODULE_OPTIONS = ("value_norm", "death_masking")
+"""Masked-module ``model_config`` keys that only rllib_ext's learner acts on."""
+
+
+def _check_module_options_learner(config: Any) -> None:
+    from rllib_ext.learners.ppo import PPOExtTorchLearner
+
+    learner = config.learner_class
+    if isinstance(learner, type) and issubclass(learner, PPOExtTorchLearner):
+        return
+    spec = config.rl_module_spec
+    model_configs = [config.model_config]
+    for module_spec in (getattr(spec, "rl_module_specs", None) or {}).values():
+        model_configs.append(getattr(module_spec, "model_config", None) or {})
+    asked = sorted({k for mc in model_configs for k in _LEARNER_MODULE_OPTIONS if _on(mc, k)})
+    if asked:
+        name = getattr(learner, "__name__", repr(learner))
+        raise ValueError(
+            f"model_config {', '.join(f'{k}=True' for k in asked)} is applied by "
+            f"rllib_ext.PPOExtTorchLearner's learner connectors, but learner_class={name}, "
+            "where it would silently do nothing. Fix: .learners(learner_class=rllib_ext."
+            "PPOExtTorchLearner) (or a subclass of it), or turn the option off."
+        )
+
+
+def _on(model_config: Any, key: str) -> bool:
+    getter = model_config.get if isinstance(model_config, Mapping) else None
+    return bool(getter(key, False) if getter else getattr(model_config, key, False))
 
 
 def check_comm_resources(

@@ -51,12 +51,18 @@ from rllib_ext.modules.value_norm import VALUE_NORM_KEY, ValueNormAPI, check_val
 __all__ = [
     "CENTRAL_CRITIC_KEY",
     "DEATH_MASKING_KEY",
+    "RECURRENT_CELLS",
+    "RECURRENT_CELL_KEY",
     "VALUE_NORM_KEY",
     "MaskedPPOTorchRLModule",
     "check_masked_module_options",
+    "mask_logits",
 ]
 
 CENTRAL_CRITIC_KEY = "central_critic"
+RECURRENT_CELL_KEY = "recurrent_cell"
+"""``model_config`` key selecting the recurrent module and its cell."""
+RECURRENT_CELLS: tuple[str, ...] = ("gru", "lstm")
 
 _FLOAT32_MIN = torch.finfo(torch.float32).min
 
@@ -72,6 +78,17 @@ def _model_config_dict(model_config: Any) -> dict[str, Any]:
     if dataclasses.is_dataclass(model_config) and not isinstance(model_config, type):
         return dataclasses.asdict(model_config)
     return dict(model_config)
+
+
+def mask_logits(output: dict[str, Any], action_mask: torch.Tensor) -> dict[str, Any]:
+    """``output`` with its action logits ``[B, n]`` (or ``[B, T, n]``) set to float32's minimum
+    where ``action_mask`` (same shape, 1 = legal) is 0; logits are cast to float32 first, so the
+    masked value stays finite under autocast and a masked action's probability is exactly 0."""
+    logits = output[Columns.ACTION_DIST_INPUTS].float()
+    output[Columns.ACTION_DIST_INPUTS] = torch.where(
+        action_mask > 0.5, logits, torch.full_like(logits, _FLOAT32_MIN)
+    )
+    return output
 
 
 def check_masked_module_options(model_config: Any) -> dict[str, Any]:
@@ -137,6 +154,14 @@ class MaskedPPOTorchRLModule(DefaultPPOTorchRLModule, ValueNormAPI):
         observation_space = check_masked_observation_space(
             "MaskedPPOTorchRLModule", observation_space, central_critic=central
         )
+        if config.get(RECURRENT_CELL_KEY) is not None:
+            raise ValueError(
+                f"model_config['{RECURRENT_CELL_KEY}']={config[RECURRENT_CELL_KEY]!r} needs the "
+                "recurrent module, but this is MaskedPPOTorchRLModule (feed-forward), so the cell "
+                "would be ignored. Fix: build the spec with rllib_ext.modules.smac_module_spec("
+                f"recurrent_cell={config[RECURRENT_CELL_KEY]!r}) (or module_class="
+                "MaskedRecurrentPPOTorchRLModule), or drop recurrent_cell."
+            )
         if central and config.get("use_lstm", False):
             raise ValueError(
                 f"model_config['{CENTRAL_CRITIC_KEY}']=True with use_lstm=True is not supported. "
@@ -204,18 +229,10 @@ class MaskedPPOTorchRLModule(DefaultPPOTorchRLModule, ValueNormAPI):
     def _state_embeddings(self, state: Any) -> torch.Tensor:
         return self.central_critic_encoder({Columns.OBS: state})[ENCODER_OUT]
 
-    @staticmethod
-    def _mask_logits(output: dict[str, Any], action_mask: torch.Tensor) -> dict[str, Any]:
-        logits = output[Columns.ACTION_DIST_INPUTS].float()
-        output[Columns.ACTION_DIST_INPUTS] = torch.where(
-            action_mask > 0.5, logits, torch.full_like(logits, _FLOAT32_MIN)
-        )
-        return output
-
     @override(DefaultPPOTorchRLModule)
     def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
         inner, action_mask, _ = self._split(batch)
-        return self._mask_logits(super()._forward(inner, **kwargs), action_mask)
+        return mask_logits(super()._forward(inner, **kwargs), action_mask)
 
     @override(DefaultPPOTorchRLModule)
     def _forward_train(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
@@ -224,7 +241,7 @@ class MaskedPPOTorchRLModule(DefaultPPOTorchRLModule, ValueNormAPI):
         if self._central_critic:
             # PPO's loss calls compute_values(batch, embeddings=output[EMBEDDINGS]).
             output[Columns.EMBEDDINGS] = self._state_embeddings(state)
-        return self._mask_logits(output, action_mask)
+        return mask_logits(output, action_mask)
 
     @override(ValueFunctionAPI)
     def compute_values(self, batch: dict[str, Any], embeddings: Any = None) -> torch.Tensor:

@@ -18,7 +18,7 @@ Network (``model_config`` keys; RLlib's ``DefaultModelConfig`` defaults where th
 * ``lstm_cell_size`` (RLlib's key, the hidden size for both cells) and ``max_seq_len``
   (RLlib's: the learner trains on chunks of at most this many steps, each starting from the
   recurrent state the env runner recorded).
-* Masking: :meth:`MaskedPPOTorchRLModule._mask_logits`, the same code as the feed-forward
+* Masking: :func:`~rllib_ext.modules.masked_ppo.mask_logits`, the same code as the feed-forward
   module (illegal logits = most negative float32, so a masked action is never sampled).
 * ``central_critic=True``: the value reads a feed-forward MLP of ``"state"`` (with
   ``env_config={"state_mode": "agent_specific"}`` MAPPO's state + agent id); the GRU serves
@@ -54,17 +54,16 @@ from torch import nn
 from rllib_ext.connectors.death_mask import DEATH_MASKING_KEY
 from rllib_ext.modules.masked_ppo import (
     CENTRAL_CRITIC_KEY,
-    MaskedPPOTorchRLModule,
+    RECURRENT_CELL_KEY,
+    RECURRENT_CELLS,
     check_masked_module_options,
     check_masked_observation_space,
+    mask_logits,
 )
 from rllib_ext.modules.value_norm import VALUE_NORM_KEY, ValueNormAPI
 
 __all__ = ["RECURRENT_CELLS", "RECURRENT_CELL_KEY", "MaskedRecurrentPPOTorchRLModule"]
 
-RECURRENT_CELL_KEY = "recurrent_cell"
-"""``model_config`` key selecting the recurrent module and its cell."""
-RECURRENT_CELLS: tuple[str, ...] = ("gru", "lstm")
 
 _SPACE_HELP = (
     'Expected gymnasium.spaces.Dict({"observations": Box, "action_mask": Box(0, 1, (n,)), '
@@ -235,7 +234,7 @@ class MaskedRecurrentPPOTorchRLModule(
         observations, action_mask, _ = self._split(batch)
         features, state_out = self._features(observations, batch[Columns.STATE_IN])
         output = {Columns.ACTION_DIST_INPUTS: self.pi(features), Columns.STATE_OUT: state_out}
-        return MaskedPPOTorchRLModule._mask_logits(output, action_mask)
+        return mask_logits(output, action_mask)
 
     @override(TorchRLModule)
     def _forward_train(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
@@ -247,7 +246,7 @@ class MaskedRecurrentPPOTorchRLModule(
             # PPO's loss calls compute_values(batch, embeddings=output[EMBEDDINGS]).
             Columns.EMBEDDINGS: self._value_embeddings(features, state),
         }
-        return MaskedPPOTorchRLModule._mask_logits(output, action_mask)
+        return mask_logits(output, action_mask)
 
     @override(ValueFunctionAPI)
     def compute_values(self, batch: dict[str, Any], embeddings: Any = None) -> torch.Tensor:

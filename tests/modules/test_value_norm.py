@@ -123,6 +123,31 @@ def test_bad_options_name_the_value_and_the_choices():
         build(value_norm=True, value_norm_beta=1.5)
     with pytest.raises(ValueError, match=r"death_masking'\]=1; allowed: True, False"):
         build(death_masking=1)
+    # The feed-forward module would ignore a recurrent cell: it says so instead.
+    with pytest.raises(ValueError, match=r"recurrent_cell'\]='gru'.*smac_module_spec"):
+        build(recurrent_cell="gru")
+
+
+@pytest.mark.parametrize("option", ["value_norm", "death_masking"])
+def test_learner_only_options_with_a_learner_that_ignores_them_raise(option):
+    """Only rllib_ext's learner installs the value-norm / death-mask connector pieces."""
+    from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
+
+    import rllib_ext
+    from rllib_ext.envs import register_envs
+    from rllib_ext.modules import smac_module_spec
+
+    register_envs()
+    config = (
+        rllib_ext.PPOConfig()
+        .environment("smax", env_config={"map_name": "3m"})
+        .multi_agent(policies={"p"}, policy_mapping_fn=lambda *a, **k: "p")
+        .rl_module(rl_module_spec=smac_module_spec(policy_ids=["p"], model_config={option: True}))
+    )
+    config.validate()  # rllib_ext's learner: fine
+    config.learners(learner_class=PPOTorchLearner)
+    with pytest.raises(ValueError, match=rf"{option}=True .*learner_class=PPOTorchLearner.*Fix"):
+        config.validate()
 
 
 def _constant_value_module(*, raw: float, mean: float, std: float) -> MaskedPPOTorchRLModule:
