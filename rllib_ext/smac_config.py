@@ -36,16 +36,19 @@ def shared_policy_mapping(agent_id: Any, *args: Any, **kwargs: Any) -> str:
     return SHARED_POLICY_ID
 
 
-def add_callback(config: Any, callback: type) -> None:
+def add_callback(config: Any, callback: type, *, replaces: type | None = None) -> None:
     """Adds ``callback`` to ``config.callbacks_class`` unless it (or a subclass) is there.
 
-    Keeps the user's callbacks; RLlib's do-nothing default ``RLlibCallback`` is replaced.
+    Keeps the user's callbacks; RLlib's do-nothing default ``RLlibCallback`` is replaced, and
+    so is any subclass of ``replaces`` (an earlier configuration of the same callback).
     """
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
     from ray.rllib.callbacks.callbacks import RLlibCallback
 
     existing = config.callbacks_class
     classes = list(existing) if isinstance(existing, (list, tuple)) else [existing]
+    if replaces is not None:
+        classes = [c for c in classes if not (isinstance(c, type) and issubclass(c, replaces))]
     if any(isinstance(c, type) and issubclass(c, callback) for c in classes):
         return
     classes = [c for c in classes if c not in (None, RLlibCallback)] + [callback]

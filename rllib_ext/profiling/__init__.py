@@ -146,5 +146,6 @@ def enable_profiling(
     config.env_runners(env_runner_cls=runner)
     config.learners(learner_class=learner)
     attrs = {"out_dir": out, "iterations": timed, "trace": trace and out is not None}
-    add_callback(config, type("ConfiguredProfilerCallback", (ProfilerCallback,), attrs))
+    configured = type("ConfiguredProfilerCallback", (ProfilerCallback,), attrs)
+    add_callback(config, configured, replaces=ProfilerCallback)  # a second call re-configures
     return config

@@ -209,6 +209,10 @@ def test_enable_profiling_selects_timing_subclasses_of_the_configured_classes(tm
     # Applying it twice does not stack subclasses.
     enable_profiling(config, out_dir=None)
     assert config.env_runner_cls.__mro__[1:3] == (EnvRunnerTimers, SingleAgentEnvRunner)
+    # ... nor callbacks: the second call's options replace the first's.
+    callback = config.callbacks_class
+    assert isinstance(callback, type) and issubclass(callback, ProfilerCallback)
+    assert callback.out_dir is None and not callback.trace
     # amp_inference keeps rllib_ext's AMP runner underneath; the stock route keeps RLlib's learner.
     amp = rllib_ext.PPOConfig().environment("CartPole-v1").training(amp="bf16", amp_inference=True)
     amp_runner = enable_profiling(amp, out_dir=None).env_runner_cls
