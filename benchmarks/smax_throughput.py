@@ -14,11 +14,17 @@ masked PPO module choosing actions (``explore=True``):
 
 ``train``: ``algo.train()`` end to end (sampling + learning; one remote env runner, whose torch
 runs one thread as Ray sets it, the learner in the driver with all cores), env steps per second
-of wall time over ``--train-iters`` iterations after one warm-up iteration, for two settings:
+of wall time over ``--train-iters`` iterations after one warm-up iteration, for a ladder of
+settings that adds one factor per step (each row's ratio is against the row above and against
+the first):
 
-* ``cli``: ``rllib-ext train``'s defaults (8 envs, train batch 2000, minibatch 250, 10 epochs);
-* ``large``: 64 envs, train batch 8192, minibatch 4096, 5 epochs (MAPPO's SMAC recipe is 5
-  epochs over 1 minibatch; rllib_ext's SMAC presets are not part of this script).
+* ``rllib-cli``: RLlib's per-env path with ``rllib-ext train``'s old SMAC defaults (8 envs,
+  train batch 2000, minibatch 250, 10 epochs): where the issue started;
+* ``fused-cli``: the batched, fused ``SMAXVectorEnvRunner``, same settings;
+* ``fused-recipe``: the settings of the 3s5z_vs_3s6z learning run (64 envs, train batch 8192,
+  minibatch 4096, 5 epochs; central critic, value normalization, death masking; [256, 256]);
+* ``fused-recipe-bf16``: the same with ``amp="bf16"`` (bf16 autocast in the learner update;
+  fast only on CPUs with native bf16, e.g. AVX512-BF16, and on GPUs).
 
 Run (2-core machine: serialise CPU-heavy jobs)::
 
@@ -36,9 +42,19 @@ from typing import Any
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
+_CLI = {"num_envs": 8, "train_batch_size": 2000, "minibatch_size": 250, "num_epochs": 10}
+_RECIPE = {
+    "num_envs": 64,
+    "train_batch_size": 8192,
+    "minibatch_size": 4096,
+    "num_epochs": 5,
+    "model": {"central_critic": True, "value_norm": True, "death_masking": True},
+}
 TRAIN_SETTINGS: dict[str, dict[str, Any]] = {
-    "cli": {"num_envs": 8, "train_batch_size": 2000, "minibatch_size": 250, "num_epochs": 10},
-    "large": {"num_envs": 64, "train_batch_size": 8192, "minibatch_size": 4096, "num_epochs": 5},
+    "rllib-cli": {"path": "rllib", **_CLI},
+    "fused-cli": {"path": "fused", **_CLI},
+    "fused-recipe": {"path": "fused", **_RECIPE},
+    "fused-recipe-bf16": {"path": "fused", **_RECIPE, "training": {"amp": "bf16"}},
 }
 
 
@@ -75,14 +91,22 @@ def measure_sampling(map_name: str, path: str, *, num_envs: int, seconds: float)
     return rate
 
 
-def measure_train(map_name: str, path: str, *, settings: str, iters: int) -> dict[str, float]:
+def measure_train(map_name: str, *, settings: str, iters: int) -> dict[str, float]:
     """Env steps per second of ``algo.train()`` over ``iters`` iterations after a warm-up one."""
+    from rllib_ext.modules import smac_module_spec
+
     spec = TRAIN_SETTINGS[settings]
-    config = _config(map_name, spec["num_envs"], path, seed=0, num_env_runners=1).training(
+    config = _config(map_name, spec["num_envs"], spec["path"], seed=0, num_env_runners=1)
+    model = {"fcnet_hiddens": [256, 256], "fcnet_activation": "relu", **spec.get("model", {})}
+    config.rl_module(
+        rl_module_spec=smac_module_spec(central_critic=model.pop("central_critic", False)),
+        model_config=model,
+    ).training(
         train_batch_size_per_learner=spec["train_batch_size"],
         minibatch_size=spec["minibatch_size"],
         num_epochs=spec["num_epochs"],
         lr=3e-4,
+        **spec.get("training", {}),
     )
     algo = config.build_algo()
     try:
@@ -153,20 +177,23 @@ def main() -> None:
     torch.set_num_threads(learner_threads)
     if not args.skip_train:
         for map_name in args.maps:
+            rows: dict[str, dict[str, float]] = {}
             for settings in args.train_settings:
-                rows = {
-                    path: measure_train(map_name, path, settings=settings, iters=args.train_iters)
-                    for path in ("rllib", "fused")
-                }
-                out["train"].setdefault(map_name, {})[settings] = rows
-                before, after = rows["rllib"]["env_steps_per_s"], rows["fused"]["env_steps_per_s"]
+                row = measure_train(map_name, settings=settings, iters=args.train_iters)
+                rate = row["env_steps_per_s"]
+                first, previous = (
+                    (rows[next(iter(rows))], rows[list(rows)[-1]]) if rows else (row, row)
+                )
+                row["x_previous"] = rate / previous["env_steps_per_s"]
+                row["x_first"] = rate / first["env_steps_per_s"]
+                rows[settings] = row
                 print(
-                    f"train    {map_name:>13} {settings:>5}: rllib {before:8.0f}  "
-                    f"fused {after:8.0f} ({after / before:.1f}x) env steps/s "
-                    f"(batched envs {rows['fused']['batched_envs']:.0f}, "
-                    f"fused {rows['fused']['fused']:.0f})",
+                    f"train    {map_name:>13} {settings:>17}: {rate:8.0f} env steps/s "
+                    f"({row['x_previous']:.2f}x previous, {row['x_first']:.2f}x first; "
+                    f"batched envs {row['batched_envs']:.0f}, fused {row['fused']:.0f})",
                     flush=True,
                 )
+            out["train"][map_name] = rows
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
