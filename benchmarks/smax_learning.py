@@ -193,6 +193,7 @@ def _config(args: argparse.Namespace) -> Any:
     from rllib_ext.modules import smac_module_spec
 
     register_envs()
+    model = json.loads(args.model_options)
     return (
         rllib_ext.PPOConfig()
         .environment(
@@ -208,12 +209,10 @@ def _config(args: argparse.Namespace) -> Any:
             policy_mapping_fn=lambda agent_id, *a, **kw: "shared_policy",
         )
         .rl_module(
-            rl_module_spec=smac_module_spec(central_critic=args.central_critic),
-            model_config={
-                "fcnet_hiddens": args.hiddens,
-                "fcnet_activation": "relu",
-                **json.loads(args.model_options),
-            },
+            rl_module_spec=smac_module_spec(
+                central_critic=args.central_critic, recurrent_cell=model.pop("recurrent_cell", None)
+            ),
+            model_config={"fcnet_hiddens": args.hiddens, "fcnet_activation": "relu", **model},
         )
         .callbacks(SMACMetricsCallback)
         .env_runners(
@@ -261,17 +260,32 @@ def _greedy_win_rate(
     # Raises if a masked action ever reaches SMAX (the wrapper itself also rejects them).
     spy = BackendSpy.install(env, record=False)
     agents = env.possible_agents
+    # A recurrent module: one state row per agent, a time axis of 1, zeros at each reset.
+    initial = {k: torch.as_tensor(v) for k, v in module.get_initial_state().items()}
+
+    def fresh_state() -> dict[str, Any]:
+        return {k: v.expand(len(agents), *v.shape).clone() for k, v in initial.items()}
+
+    state = fresh_state()
     obs, _ = env.reset(seed=seed + 10_000)
     wins = done = 0
     while done < episodes:
-        batch = {
+        batch: dict[str, Any] = {
             Columns.OBS: {
                 key: torch.as_tensor(np.stack([obs[a][key] for a in agents]))
                 for key in obs[agents[0]]
             }
         }
+        if state:
+            batch = {
+                Columns.OBS: {k: v.unsqueeze(1) for k, v in batch[Columns.OBS].items()},
+                Columns.STATE_IN: state,
+            }
         with torch.no_grad():
-            logits = module.forward_inference(batch)[Columns.ACTION_DIST_INPUTS]
+            out = module.forward_inference(batch)
+        logits = out[Columns.ACTION_DIST_INPUTS]
+        if state:
+            logits, state = logits[:, 0], out[Columns.STATE_OUT]
         actions = logits.argmax(-1).numpy()
         obs, _, terminateds, truncateds, infos = env.step(
             dict(zip(agents, actions.tolist(), strict=True))
@@ -280,6 +294,7 @@ def _greedy_win_rate(
             done += 1
             wins += bool(infos[agents[0]]["battle_won"])
             obs, _ = env.reset()
+            state = fresh_state()
     return wins / episodes, spy.steps
 
 
