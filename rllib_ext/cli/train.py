@@ -40,7 +40,7 @@ from rllib_ext.cli.ppo_config import (
     ray_init_kwargs,
 )
 from rllib_ext.cli.progress import ProgressReporter
-from rllib_ext.cli.runconfig import TrainSettings
+from rllib_ext.cli.runconfig import CLIError, TrainSettings
 from rllib_ext.cli.rundir import SETTINGS_JSON, RunPlan, plan_run
 from rllib_ext.cli.runlog import RunLog, trim_after
 from rllib_ext.cli.sinks import TrainResult, summary_table, write_summary
@@ -160,6 +160,7 @@ def _run(
     owns_ray = not ray.is_initialized()
     _log_settings(settings, config, init_kwargs if owns_ray else {"reused": True})
     algo = run_log = reporter = watchdog = None
+    failure: CLIError | None = None
     try:
         if owns_ray:
             ray.init(**init_kwargs)
@@ -207,6 +208,10 @@ def _run(
         reason = interrupt_reason(exc)
         logger.warning("%s before training started", reason)
         return LoopOutcome(None, reason, None, plan.base)
+    except CLIError as exc:
+        # Raised after the cleanup below: inside `finally` the error would still be "in
+        # flight", and Ray's shutdown logging (exc_info=True) would print it as a traceback.
+        failure = exc
     finally:
         signals.stopping()
         if reporter is not None:
@@ -219,6 +224,8 @@ def _run(
             algo.stop()
         if owns_ray:
             ray.shutdown()
+    assert failure is not None  # every other path returned or raised above
+    raise failure
 
 
 def _drop_empty_tune_logdir(algo: Any) -> None:

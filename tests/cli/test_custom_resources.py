@@ -95,3 +95,16 @@ def test_a_cluster_without_the_resource_fails_in_one_line_instead_of_waiting() -
     assert "\n" not in message
     assert "2 of the custom resource 'learner_node'" in message and "has 1" in message
     assert "ray start" in message
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_train_on_a_running_ray_without_the_resource_ends_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The error is raised inside the run (Ray is up) and reaches the user after the cleanup."""
+    argv = ["train", "--run-dir", str(tmp_path / "run"), "--num-learners", "1"]
+    argv += ["--custom-resources-per-learner", '{"rllib_ext_missing_slot": 1}']
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("rllib-ext: error:") and "rllib_ext_missing_slot" in err[-1]
+    assert not any("Traceback" in line or "CLIError" in line for line in err)
