@@ -202,6 +202,7 @@ def _config(args: argparse.Namespace) -> Any:
                 "map_name": args.map,
                 "seed": args.seed,
                 "smax_options": json.loads(args.smax_options),
+                **json.loads(args.env_options),
             },
         )
         .multi_agent(
@@ -247,7 +248,12 @@ def _config(args: argparse.Namespace) -> Any:
 
 
 def _greedy_win_rate(
-    module: Any, map_name: str, episodes: int, seed: int, smax_options: dict | None = None
+    module: Any,
+    map_name: str,
+    episodes: int,
+    seed: int,
+    smax_options: dict | None = None,
+    env_options: dict | None = None,
 ) -> tuple[float, int]:
     """Greedy (argmax) win rate over fresh episodes, and the env steps the spy checked."""
     import torch
@@ -256,7 +262,14 @@ def _greedy_win_rate(
     from rllib_ext.envs.smac import SMACEnv
     from rllib_ext.testing import BackendSpy
 
-    env = SMACEnv({"map_name": map_name, "backend": "smax", "smax_options": smax_options or {}})
+    env = SMACEnv(
+        {
+            "map_name": map_name,
+            "backend": "smax",
+            "smax_options": smax_options or {},
+            **(env_options or {}),
+        }
+    )
     # Raises if a masked action ever reaches SMAX (the wrapper itself also rejects them).
     spy = BackendSpy.install(env, record=False)
     agents = env.possible_agents
@@ -333,6 +346,7 @@ def learn(args: argparse.Namespace) -> None:
                     args.eval_episodes_periodic,
                     args.seed + iteration,
                     json.loads(args.smax_options),
+                    json.loads(args.env_options),
                 )
                 row["greedy_win_rate"] = round(greedy, 3)
                 if reached is None and greedy >= args.target_win_rate:
@@ -349,6 +363,7 @@ def learn(args: argparse.Namespace) -> None:
             args.eval_episodes,
             args.seed,
             json.loads(args.smax_options),
+            json.loads(args.env_options),
         )
         print(
             json.dumps(
@@ -406,6 +421,11 @@ def main() -> None:
         "--smax-options",
         default="{}",
         help="HeuristicEnemySMAX arguments as JSON, e.g. '{\"see_enemy_actions\": true}'",
+    )
+    lp.add_argument(
+        "--env-options",
+        default="{}",
+        help='extra SMACEnv env_config keys as JSON, e.g. \'{"state_mode": "agent_specific"}\'',
     )
     lp.add_argument(
         "--training-options",
