@@ -254,8 +254,9 @@ def _greedy_win_rate(
     seed: int,
     smax_options: dict | None = None,
     env_options: dict | None = None,
-) -> tuple[float, int]:
-    """Greedy (argmax) win rate over fresh episodes, and the env steps the spy checked."""
+) -> tuple[float, int, float]:
+    """Greedy (argmax) win rate over fresh episodes, the env steps the spy checked, and the share
+    of episodes the time limit ended (neither side won)."""
     import torch
     from ray.rllib.core.columns import Columns
 
@@ -281,7 +282,7 @@ def _greedy_win_rate(
 
     state = fresh_state()
     obs, _ = env.reset(seed=seed + 10_000)
-    wins = done = 0
+    wins = done = timeouts = 0
     while done < episodes:
         batch: dict[str, Any] = {
             Columns.OBS: {
@@ -306,9 +307,10 @@ def _greedy_win_rate(
         if terminateds["__all__"] or truncateds["__all__"]:
             done += 1
             wins += bool(infos[agents[0]]["battle_won"])
+            timeouts += not terminateds["__all__"]  # the time limit ended it: neither side won
             obs, _ = env.reset()
             state = fresh_state()
-    return wins / episodes, spy.steps
+    return wins / episodes, spy.steps, timeouts / episodes
 
 
 def learn(args: argparse.Namespace) -> None:
@@ -340,7 +342,7 @@ def learn(args: argparse.Namespace) -> None:
                 "iter_s": round(float(result.get("time_this_iter_s", np.nan)), 2),
             }
             if iteration % args.eval_every == 0:
-                greedy, _ = _greedy_win_rate(
+                greedy, _, _ = _greedy_win_rate(
                     algo.get_module("shared_policy"),
                     args.map,
                     args.eval_episodes_periodic,
@@ -357,7 +359,7 @@ def learn(args: argparse.Namespace) -> None:
             elapsed = time.perf_counter() - start
             if steps >= args.max_env_steps or elapsed >= args.max_wall_s:
                 break
-        greedy, checked_steps = _greedy_win_rate(
+        greedy, checked_steps, timeouts = _greedy_win_rate(
             algo.get_module("shared_policy"),
             args.map,
             args.eval_episodes,
@@ -376,6 +378,7 @@ def learn(args: argparse.Namespace) -> None:
                     "greedy_eval_win_rate": round(greedy, 3),
                     "eval_episodes": args.eval_episodes,
                     "eval_steps_without_illegal_action": checked_steps,
+                    "eval_timeout_rate": round(timeouts, 3),
                     "target": args.target_win_rate,
                     "target_reached": reached,
                 }
