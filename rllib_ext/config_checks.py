@@ -115,12 +115,11 @@ def _check_amp_env_runner(config: Any) -> None:
         )
 
 
-_LEARNER_MODULE_OPTIONS = ("value_norm", "death_masking")
-"""Masked-module ``model_config`` keys that only rllib_ext's learner acts on."""
-
-
 def _check_module_options_learner(config: Any) -> None:
+    """Masked-module options that only rllib_ext's learner acts on need that learner."""
+    from rllib_ext.connectors.death_mask import DEATH_MASKING_KEY
     from rllib_ext.learners.ppo import PPOExtTorchLearner
+    from rllib_ext.modules.value_norm import VALUE_NORM_KEY
 
     learner = config.learner_class
     if isinstance(learner, type) and issubclass(learner, PPOExtTorchLearner):
@@ -129,7 +128,9 @@ def _check_module_options_learner(config: Any) -> None:
     model_configs = [config.model_config]
     for module_spec in (getattr(spec, "rl_module_specs", None) or {}).values():
         model_configs.append(getattr(module_spec, "model_config", None) or {})
-    asked = sorted({k for mc in model_configs for k in _LEARNER_MODULE_OPTIONS if _on(mc, k)})
+    asked = sorted(
+        {k for mc in model_configs for k in (VALUE_NORM_KEY, DEATH_MASKING_KEY) if _on(mc, k)}
+    )
     if asked:
         name = getattr(learner, "__name__", repr(learner))
         raise ValueError(
