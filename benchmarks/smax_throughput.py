@@ -24,7 +24,13 @@ the first):
 * ``fused-recipe``: the settings of the 3s5z_vs_3s6z learning run (64 envs, train batch 8192,
   minibatch 4096, 5 epochs; central critic, value normalization, death masking; [256, 256]);
 * ``fused-recipe-bf16``: the same with ``amp="bf16"`` (bf16 autocast in the learner update;
-  fast only on CPUs with native bf16, e.g. AVX512-BF16, and on GPUs).
+  fast only on CPUs with native bf16, e.g. AVX512-BF16, and on GPUs);
+* ``fused-recipe-bf16-local``: the same with ``num_env_runners=0``: the env runner samples in the
+  learner's process, so the iteration's episodes (~128 MB on 3s5z_vs_3s6z) are not serialized
+  between processes (what the ``smax-3s5z_vs_3s6z`` and ``smax-3m`` presets use).
+
+``sampling`` also reports ``env-only``: the batched, jitted SMAX step alone (random legal actions
+from numpy, no module, no episodes), the ceiling for any sampling path over the same battles.
 
 Run (2-core machine: serialise CPU-heavy jobs)::
 
@@ -55,6 +61,12 @@ TRAIN_SETTINGS: dict[str, dict[str, Any]] = {
     "fused-cli": {"path": "fused", **_CLI},
     "fused-recipe": {"path": "fused", **_RECIPE},
     "fused-recipe-bf16": {"path": "fused", **_RECIPE, "training": {"amp": "bf16"}},
+    "fused-recipe-bf16-local": {
+        "path": "fused",
+        **_RECIPE,
+        "training": {"amp": "bf16"},
+        "num_env_runners": 0,
+    },
 }
 
 
@@ -81,7 +93,8 @@ def measure_sampling(map_name: str, path: str, *, num_envs: int, seconds: float)
     if path == "batched":
         runner.fused_sampling = False
     chunk = num_envs * 16
-    runner.sample(num_timesteps=chunk)
+    # Past every battle's time limit: the auto-reset buckets are compiled before timing.
+    runner.sample(num_timesteps=num_envs * 120)
     steps, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         episodes = runner.sample(num_timesteps=chunk)
@@ -91,12 +104,43 @@ def measure_sampling(map_name: str, path: str, *, num_envs: int, seconds: float)
     return rate
 
 
+def measure_env_only(map_name: str, *, num_envs: int, seconds: float) -> float:
+    """Env steps per second of ``SMAXVectorEnv.step_arrays`` alone, random legal actions."""
+    import numpy as np
+
+    from rllib_ext.envs.smac.vector import SMAXVectorEnv
+
+    env = SMAXVectorEnv({"backend": "smax", "map_name": map_name, "seed": 0}, num_envs=num_envs)
+    rng = np.random.default_rng(0)
+    batch = env.reset_arrays()
+
+    def step(batch: Any) -> Any:
+        return env.step_arrays(np.argmax(rng.random(batch.avail.shape) * batch.avail, axis=-1))
+
+    # Past every battle's time limit twice: each auto-reset bucket is compiled before timing.
+    for _ in range(250):
+        batch = step(batch)
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        batch = step(batch)
+        steps += num_envs
+    rate = steps / (time.perf_counter() - start)
+    env.close()
+    return rate
+
+
 def measure_train(map_name: str, *, settings: str, iters: int) -> dict[str, float]:
     """Env steps per second of ``algo.train()`` over ``iters`` iterations after a warm-up one."""
     from rllib_ext.modules import smac_module_spec
 
     spec = TRAIN_SETTINGS[settings]
-    config = _config(map_name, spec["num_envs"], spec["path"], seed=0, num_env_runners=1)
+    config = _config(
+        map_name,
+        spec["num_envs"],
+        spec["path"],
+        seed=0,
+        num_env_runners=spec.get("num_env_runners", 1),
+    )
     model = {"fcnet_hiddens": [256, 256], "fcnet_activation": "relu", **spec.get("model", {})}
     config.rl_module(
         rl_module_spec=smac_module_spec(central_critic=model.pop("central_critic", False)),
@@ -167,11 +211,15 @@ def main() -> None:
             )
             for path in ("rllib", "batched", "fused")
         }
+        rates["env-only"] = measure_env_only(
+            map_name, num_envs=args.num_envs, seconds=args.sample_seconds
+        )
         out["sampling"][map_name] = rates
         print(
             f"sampling {map_name:>13} E={args.num_envs}: rllib {rates['rllib']:8.0f}  "
             f"batched {rates['batched']:8.0f} ({rates['batched'] / rates['rllib']:.1f}x)  "
-            f"fused {rates['fused']:8.0f} ({rates['fused'] / rates['rllib']:.1f}x) env steps/s",
+            f"fused {rates['fused']:8.0f} ({rates['fused'] / rates['rllib']:.1f}x)  "
+            f"env-only {rates['env-only']:8.0f} env steps/s",
             flush=True,
         )
     torch.set_num_threads(learner_threads)

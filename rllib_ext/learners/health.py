@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 __all__ = [
     "BEAT_INTERVAL_S",
@@ -142,7 +143,12 @@ class LearnerWatchdog:
         group = self._algo.learner_group
         if group is None or group.is_local:
             return self
-        self._board = _BOARD_ACTOR.remote()
+        # On the driver's node: a board on a worker node would die with that node, and the
+        # watchdog would go blind exactly when learners there go silent.
+        here = ray.get_runtime_context().get_node_id()
+        self._board = _BOARD_ACTOR.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False)
+        ).remote()
         results = group.foreach_learner(functools.partial(_start_beating, board=self._board))
         for result in results:
             key, handle = result.get()
