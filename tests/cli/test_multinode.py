@@ -67,10 +67,12 @@ class TwoNodes:
         """Alive nodes as the GCS sees them (``ray status`` lists a lost node for minutes)."""
         code = (
             f"import ray; ray.init(address={self.address!r}, logging_level='ERROR', "
-            "log_to_driver=False); print(sum(n['Alive'] for n in ray.nodes()))"
+            "log_to_driver=False); print('alive nodes:', sum(n['Alive'] for n in ray.nodes()))"
         )
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-        return int(out.stdout.split()[-1]) if out.returncode == 0 and out.stdout.split() else 0
+        # Ray may print its own lines to stdout too (seen: a warning ending in "workload.").
+        found = re.search(r"^alive nodes: (\d+)$", out.stdout, flags=re.MULTILINE)
+        return int(found.group(1)) if out.returncode == 0 and found else 0
 
     def worker_raylet(self) -> int:
         found = subprocess.run(
