@@ -359,6 +359,9 @@ def learn(args: argparse.Namespace) -> None:
             elapsed = time.perf_counter() - start
             if steps >= args.max_env_steps or elapsed >= args.max_wall_s:
                 break
+        if args.save_module:
+            # Reload with RLModule.from_checkpoint(args.save_module) to replay the policy.
+            algo.get_module("shared_policy").save_to_path(args.save_module)
         greedy, checked_steps, timeouts = _greedy_win_rate(
             algo.get_module("shared_policy"),
             args.map,
@@ -420,6 +423,9 @@ def main() -> None:
     lp.add_argument("--kl-coeff", type=float, default=0.0, help="0 disables the KL loss")
     lp.add_argument("--grad-clip", type=float, default=None, help="global grad-norm clip")
     lp.add_argument("--seed", type=int, default=0)
+    lp.add_argument(
+        "--save-module", default=None, help="directory for the final policy module (RLlib format)"
+    )
     lp.add_argument(
         "--smax-options",
         default="{}",

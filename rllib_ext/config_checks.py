@@ -117,9 +117,8 @@ def _check_amp_env_runner(config: Any) -> None:
 
 def _check_module_options_learner(config: Any) -> None:
     """Masked-module options that only rllib_ext's learner acts on need that learner."""
-    from rllib_ext.connectors.death_mask import DEATH_MASKING_KEY
     from rllib_ext.learners.ppo import PPOExtTorchLearner
-    from rllib_ext.modules.value_norm import VALUE_NORM_KEY
+    from rllib_ext.modules.learner_options import LEARNER_APPLIED_KEYS, learner_options_error
 
     learner = config.learner_class
     if isinstance(learner, type) and issubclass(learner, PPOExtTorchLearner):
@@ -128,17 +127,10 @@ def _check_module_options_learner(config: Any) -> None:
     model_configs = [config.model_config]
     for module_spec in (getattr(spec, "rl_module_specs", None) or {}).values():
         model_configs.append(getattr(module_spec, "model_config", None) or {})
-    asked = sorted(
-        {k for mc in model_configs for k in (VALUE_NORM_KEY, DEATH_MASKING_KEY) if _on(mc, k)}
-    )
+    asked = sorted({k for mc in model_configs for k in LEARNER_APPLIED_KEYS if _on(mc, k)})
     if asked:
         name = getattr(learner, "__name__", repr(learner))
-        raise ValueError(
-            f"model_config {', '.join(f'{k}=True' for k in asked)} is applied by "
-            f"rllib_ext.PPOExtTorchLearner's learner connectors, but learner_class={name}, "
-            "where it would silently do nothing. Fix: .learners(learner_class=rllib_ext."
-            "PPOExtTorchLearner) (or a subclass of it), or turn the option off."
-        )
+        raise learner_options_error(asked, f"learner_class={name}")
 
 
 def _on(model_config: Any, key: str) -> bool:

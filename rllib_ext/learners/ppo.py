@@ -37,6 +37,7 @@ from rllib_ext.connectors.gae import VectorizedGAE
 from rllib_ext.connectors.value_norm import UpdateValueNorm, value_norms
 from rllib_ext.learners.amp import AMPState, resolve_amp_dtype
 from rllib_ext.learners.comm import CommCompression
+from rllib_ext.modules.learner_options import LearnerOptionsAPI
 from rllib_ext.modules.value_norm import ValueNormAPI
 from rllib_ext.settings import ExtensionSettings
 
@@ -144,6 +145,10 @@ class PPOExtTorchLearner(PPOTorchLearner):
             pipeline.insert_before(type(gae), DeathMask())
         if want_norm and UpdateValueNorm not in classes:
             pipeline.insert_after(type(gae), UpdateValueNorm())
+        for mid in self.module.keys():
+            module = self.module[mid].unwrapped()
+            if isinstance(module, LearnerOptionsAPI):
+                module.claim_learner_options()
 
     @override(TorchLearner)
     def _make_modules_ddp_if_necessary(self) -> None:

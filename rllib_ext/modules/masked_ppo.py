@@ -23,7 +23,8 @@ Observation contract (what :class:`rllib_ext.envs.smac.SMACEnv` emits per agent)
   the PPO loss (:mod:`rllib_ext.connectors.death_mask` holds the rule).
 
 Both need ``PPOExtTorchLearner`` (``rllib_ext.PPOConfig``'s learner), which reads them from the
-module; RLlib's own ``PPOTorchLearner`` ignores them (value norm then stays the identity).
+module. RLlib's own ``PPOTorchLearner`` would ignore them, so ``forward_train`` raises until that
+learner has claimed the module (:mod:`rllib_ext.modules.learner_options`).
 
 Works with one shared policy for all agents (``MultiRLModuleSpec`` with one module) or one per
 agent; see :func:`rllib_ext.modules.smac_module_spec`. Pattern after RLlib's
@@ -46,6 +47,7 @@ from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 from ray.rllib.utils.annotations import override
 
 from rllib_ext.connectors.death_mask import DEATH_MASKING_KEY
+from rllib_ext.modules.learner_options import LearnerOptionsAPI
 from rllib_ext.modules.value_norm import VALUE_NORM_KEY, ValueNormAPI, check_value_norm_options
 
 __all__ = [
@@ -134,7 +136,7 @@ def check_masked_observation_space(
     return observation_space
 
 
-class MaskedPPOTorchRLModule(DefaultPPOTorchRLModule, ValueNormAPI):
+class MaskedPPOTorchRLModule(DefaultPPOTorchRLModule, ValueNormAPI, LearnerOptionsAPI):
     """PPO RLModule for ``Dict`` observations with an action mask (see module docstring)."""
 
     def __init__(
@@ -236,6 +238,7 @@ class MaskedPPOTorchRLModule(DefaultPPOTorchRLModule, ValueNormAPI):
 
     @override(DefaultPPOTorchRLModule)
     def _forward_train(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        self.check_learner_options()
         inner, action_mask, state = self._split(batch)
         output = super()._forward_train(inner, **kwargs)
         if self._central_critic:

@@ -52,6 +52,7 @@ from ray.rllib.utils.annotations import override
 from torch import nn
 
 from rllib_ext.connectors.death_mask import DEATH_MASKING_KEY
+from rllib_ext.modules.learner_options import LearnerOptionsAPI
 from rllib_ext.modules.masked_ppo import (
     CENTRAL_CRITIC_KEY,
     RECURRENT_CELL_KEY,
@@ -119,7 +120,7 @@ def recurrent_model_config(model_config: Any) -> dict[str, Any]:
 
 
 class MaskedRecurrentPPOTorchRLModule(
-    TorchRLModule, ValueFunctionAPI, InferenceOnlyAPI, ValueNormAPI
+    TorchRLModule, ValueFunctionAPI, InferenceOnlyAPI, ValueNormAPI, LearnerOptionsAPI
 ):
     """Recurrent PPO RLModule for ``Dict`` observations with an action mask (module docstring)."""
 
@@ -238,6 +239,7 @@ class MaskedRecurrentPPOTorchRLModule(
 
     @override(TorchRLModule)
     def _forward_train(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        self.check_learner_options()
         observations, action_mask, state = self._split(batch)
         features, state_out = self._features(observations, batch[Columns.STATE_IN])
         output = {

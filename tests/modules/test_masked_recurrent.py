@@ -237,3 +237,14 @@ def test_recurrent_module_trains_on_smax_3m_with_one_env_runner():
     # The recipe options act on the recurrent module too.
     assert learner["value_norm/std"] > 0 and 0.0 <= learner["death_mask/dead_fraction"] < 1.0
     assert not torch.equal(before["rnn.weight_hh_l0"], after["rnn.weight_hh_l0"])
+
+
+def test_forward_train_refuses_learner_only_options_until_claimed():
+    """Only PPOExtTorchLearner applies value_norm / death_masking; it claims the module."""
+    module = build(value_norm=True, death_masking=True)
+    data = batch(module, b=4, t=3)
+    module.forward_exploration(data)
+    with pytest.raises(ValueError, match=r"death_masking=True, value_norm=True .*Fix"):
+        module.forward_train(data)
+    module.claim_learner_options()
+    assert module.forward_train(data)[Columns.ACTION_DIST_INPUTS].shape == (4, 3, N_ACTIONS)

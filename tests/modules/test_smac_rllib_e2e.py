@@ -98,3 +98,31 @@ def test_sc2_path_with_central_critic_counts_restarts():
         assert module.central_critic
     finally:
         algo.stop()
+
+
+def test_stock_ppo_config_refuses_learner_only_options_at_the_first_update():
+    """RLlib's own PPOConfig (nothing of rllib_ext validates it) with the masked module and
+    death_masking on: RLlib's PPOTorchLearner would train as if it were off; the first update
+    raises instead, naming the option and the fix."""
+    pytest.importorskip("jaxmarl", reason='needs jaxmarl: pip install "rllib-ext[smax]"')
+    from ray.rllib.algorithms.ppo import PPOConfig as StockPPOConfig
+
+    register_envs()
+    config = (
+        StockPPOConfig()
+        .environment("smax", env_config={"map_name": "3m", "seed": 0})
+        .multi_agent(policies={"p"}, policy_mapping_fn=lambda agent_id, *a, **kw: "p")
+        .rl_module(
+            rl_module_spec=smac_module_spec(
+                policy_ids=["p"], model_config={"fcnet_hiddens": [16], "death_masking": True}
+            )
+        )
+        .env_runners(num_env_runners=0)
+        .training(train_batch_size_per_learner=64, minibatch_size=32, num_epochs=1)
+    )
+    algo = config.build_algo()
+    try:
+        with pytest.raises(ValueError, match=r"death_masking=True .*PPOExtTorchLearner.*Fix"):
+            algo.train()
+    finally:
+        algo.stop()

@@ -82,6 +82,7 @@ def test_variance_floor_for_constant_targets():
 @pytest.mark.parametrize("central_critic", [False, True])
 def test_compute_values_are_denormalized_and_the_loss_view_is_the_head(central_critic):
     module = build(value_norm=True, central_critic=central_critic)
+    module.claim_learner_options()  # as PPOExtTorchLearner does; forward_train refuses without
     plain = build(value_norm=False, central_critic=central_critic)
     plain.load_state_dict(
         {k: v for k, v in module.state_dict().items() if not k.startswith("value_norm.")}
@@ -148,6 +149,27 @@ def test_learner_only_options_with_a_learner_that_ignores_them_raise(option):
     config.learners(learner_class=PPOTorchLearner)
     with pytest.raises(ValueError, match=rf"{option}=True .*learner_class=PPOTorchLearner.*Fix"):
         config.validate()
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"value_norm": True}, "value_norm=True"),
+        ({"death_masking": True}, "death_masking=True"),
+        ({"value_norm": True, "death_masking": True}, "death_masking=True, value_norm=True"),
+    ],
+)
+def test_forward_train_refuses_options_no_learner_claimed(options, named):
+    """Off the rllib_ext config (RLlib's own PPOConfig + PPOTorchLearner) nothing validates the
+    learner before training; the module itself refuses the train pass."""
+    module = build(**options)
+    module.forward_exploration(batch())  # sampling never needs the learner
+    with pytest.raises(ValueError, match=rf"model_config {named} .*not a PPOExtTorchLearner.*Fix"):
+        module.forward_train(batch())
+    module.claim_learner_options()
+    assert module.forward_train(batch())[Columns.ACTION_DIST_INPUTS].shape == (32, N_ACTIONS)
+    # Without the options nothing needs claiming.
+    assert build().forward_train(batch())[Columns.ACTION_DIST_INPUTS].shape == (32, N_ACTIONS)
 
 
 def _constant_value_module(*, raw: float, mean: float, std: float) -> MaskedPPOTorchRLModule:
