@@ -16,7 +16,7 @@ Both raise the message of :func:`learner_options_error`.
 
 from __future__ import annotations
 
-from rllib_ext.connectors.death_mask import DEATH_MASKING_KEY
+from rllib_ext.connectors.death_mask import DEATH_MASKING_KEY, wants_death_masking
 from rllib_ext.modules.value_norm import VALUE_NORM_KEY
 
 __all__ = ["LEARNER_APPLIED_KEYS", "LearnerOptionsAPI", "learner_options_error"]
@@ -49,7 +49,7 @@ class LearnerOptionsAPI:
         on = []
         if getattr(self, VALUE_NORM_KEY, None) is not None:
             on.append(VALUE_NORM_KEY)
-        if getattr(self, DEATH_MASKING_KEY, False) is True:
+        if wants_death_masking(self):
             on.append(DEATH_MASKING_KEY)
         return sorted(on)
 
