@@ -33,6 +33,7 @@ def test_unknown_key_names_the_closest_and_the_allowed():
         ({"map_name": ""}, r"map_name=''"),
         ({"seed": 1.5}, r"seed=1.5"),
         ({"include_state": 1}, r"include_state=1"),
+        ({"obs_agent_id": "yes"}, r"obs_agent_id='yes'; allowed: True, False"),
         ({"max_restarts": -1}, r"max_restarts=-1"),
         ({"state_mode": "local"}, r"state_mode='local'.*'global', 'agent_specific'"),
         (

@@ -29,20 +29,30 @@ def legal_actions(obs, rng):
     return {agent: int(sample_legal(o["action_mask"], rng)) for agent, o in obs.items()}
 
 
-def test_agent_specific_state_is_global_state_plus_one_hot_id():
+@pytest.mark.parametrize(
+    ("config", "with_id", "unchanged", "size_key"),
+    [
+        ({"state_mode": "agent_specific"}, "state", "observations", "state_shape"),
+        ({"obs_agent_id": True}, "observations", "state", "obs_shape"),
+    ],
+)
+def test_one_hot_agent_id_is_appended_to_one_entry(config, with_id, unchanged, size_key):
+    """``state_mode="agent_specific"`` extends ``"state"``, ``obs_agent_id`` extends
+    ``"observations"``: the game's entry followed by agent i's one-hot id, the rest unchanged."""
     plain = smax_env("3m", seed=2)
-    specific = smax_env("3m", seed=2, state_mode="agent_specific")
-    space = specific.observation_spaces["agent_0"]["state"]
-    assert space.shape == (plain.env_info["state_shape"] + 3,)
+    specific = smax_env("3m", seed=2, **config)
+    space = specific.observation_spaces["agent_0"][with_id]
+    assert space.shape == (plain.env_info[size_key] + 3,)
     rng = np.random.default_rng(0)
     obs, _ = plain.reset()
     obs_specific, _ = specific.reset()
     for _ in range(60):
         for i, agent in enumerate(plain.possible_agents):
-            state = obs_specific[agent]["state"]
-            assert space.contains(state)
-            np.testing.assert_array_equal(state[:-3], obs[agent]["state"])
-            np.testing.assert_array_equal(state[-3:], np.eye(3, dtype=np.float32)[i])
+            assert specific.observation_spaces[agent].contains(obs_specific[agent])
+            row = obs_specific[agent][with_id]
+            np.testing.assert_array_equal(row[:-3], obs[agent][with_id])
+            np.testing.assert_array_equal(row[-3:], np.eye(3, dtype=np.float32)[i])
+            np.testing.assert_array_equal(obs_specific[agent][unchanged], obs[agent][unchanged])
         actions = legal_actions(obs, rng)
         obs, _, terminateds, truncateds, _ = plain.step(actions)
         obs_specific = specific.step(actions)[0]

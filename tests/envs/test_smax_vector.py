@@ -50,6 +50,7 @@ def _assert_obs_equal(single: dict, vector: dict, where: str) -> None:
             {
                 "include_state": True,
                 "state_mode": "agent_specific",
+                "obs_agent_id": True,
                 "reward_mode": "split",
                 "smax_options": {"max_steps": 25},
             },
@@ -253,6 +254,7 @@ _RECURRENT = {"recurrent_cell": "gru", "fcnet_hiddens": [16], "lstm_cell_size": 
         ({"include_state": False}, {}),
         ({"include_state": True}, {}),
         ({"include_state": True, "state_mode": "agent_specific"}, {}),
+        ({"include_state": True, "obs_agent_id": True}, {}),
         ({"include_state": False}, _RECURRENT),
         ({"include_state": True}, {**_RECURRENT, "recurrent_cell": "lstm"}),
     ],

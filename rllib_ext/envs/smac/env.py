@@ -5,7 +5,8 @@ Per agent (``agent_0`` ... ``agent_{N-1}``, stable across episodes):
 * observation ``Dict({"observations": Box(obs_dim), "action_mask": Box(0, 1, (A,)),
   "state": Box(state_dim)})``, all ``float32``; ``"state"`` (the global state, for a central
   critic) only with ``include_state=True``; with ``state_mode="agent_specific"`` it is the
-  global state followed by the agent's one-hot id, ``Box(state_dim + N)``;
+  global state followed by the agent's one-hot id, ``Box(state_dim + N)``; with
+  ``obs_agent_id=True`` the one-hot id also follows the observation, ``Box(obs_dim + N)``;
 * action ``Discrete(A)``. ``action_space.sample()`` draws among the agent's currently legal
   actions, so RLlib's env checker and random policies never send illegal ones.
 
@@ -74,20 +75,36 @@ class MaskedDiscrete(gym.spaces.Discrete):
 
 
 def agent_observation_space(
-    spec: Any, *, include_state: bool, state_mode: str = "global"
+    spec: Any, *, include_state: bool, state_mode: str = "global", obs_agent_id: bool = False
 ) -> gym.spaces.Dict:
-    """One agent's observation space: ``observations`` (obs_dim,), ``action_mask``
-    (n_actions,) of 0/1 and, with ``include_state``, ``state``: (state_dim,) for
-    ``state_mode="global"``, (state_dim + n_agents,) for ``"agent_specific"``; float32."""
+    """One agent's observation space: ``observations`` (obs_dim,) (``obs_dim + n_agents`` with
+    ``obs_agent_id``), ``action_mask`` (n_actions,) of 0/1 and, with ``include_state``,
+    ``state``: (state_dim,) for ``state_mode="global"``, (state_dim + n_agents,) for
+    ``"agent_specific"``; float32."""
     unbounded = np.float32(np.inf)
+    obs_dim = spec.obs_dim + (spec.n_agents if obs_agent_id else 0)
     components: dict[str, gym.Space] = {
-        "observations": gym.spaces.Box(-unbounded, unbounded, (spec.obs_dim,), np.float32),
+        "observations": gym.spaces.Box(-unbounded, unbounded, (obs_dim,), np.float32),
         "action_mask": gym.spaces.Box(0.0, 1.0, (spec.n_actions,), np.float32),
     }
     if include_state:
         state_dim = spec.state_dim + (spec.n_agents if state_mode == "agent_specific" else 0)
         components["state"] = gym.spaces.Box(-unbounded, unbounded, (state_dim,), np.float32)
     return gym.spaces.Dict(components)
+
+
+def with_agent_ids(rows: np.ndarray) -> np.ndarray:
+    """``float [..., N, D]`` per-agent rows -> a new ``[..., N, D + N]`` array, each row followed
+    by its agent's one-hot id (agent ``i`` in row ``i``)."""
+    n_agents = rows.shape[-2]
+    ids = np.broadcast_to(np.eye(n_agents, dtype=rows.dtype), (*rows.shape[:-1], n_agents))
+    return np.concatenate([rows, ids], axis=-1)
+
+
+def agent_observations(obs: np.ndarray, *, obs_agent_id: bool) -> np.ndarray:
+    """Every agent's ``"observations"`` entry: ``float32 [..., N, obs_dim]`` as the game gives
+    it, or with ``obs_agent_id`` a new ``[..., N, obs_dim + N]`` array (one-hot id appended)."""
+    return with_agent_ids(obs) if obs_agent_id else obs
 
 
 def agent_states(state: np.ndarray, n_agents: int, *, state_mode: str) -> np.ndarray:
@@ -104,12 +121,7 @@ def agent_states(state: np.ndarray, n_agents: int, *, state_mode: str) -> np.nda
         ``state_dim + N`` (agent-specific).
     """
     rows = np.repeat(state[..., None, :], n_agents, axis=-2)
-    if state_mode == "global":
-        return rows
-    ids = np.broadcast_to(
-        np.eye(n_agents, dtype=state.dtype), (*state.shape[:-1], n_agents, n_agents)
-    )
-    return np.concatenate([rows, ids], axis=-1)
+    return rows if state_mode == "global" else with_agent_ids(rows)
 
 
 def derive_seed(seed: int | None, worker_index: int, vector_index: int) -> int | None:
@@ -146,7 +158,10 @@ class SMACEnv(MultiAgentEnv):
         self.possible_agents = [f"agent_{i}" for i in range(spec.n_agents)]
         self.agents = list(self.possible_agents)
         observation_space = agent_observation_space(
-            spec, include_state=self.settings.include_state, state_mode=self.settings.state_mode
+            spec,
+            include_state=self.settings.include_state,
+            state_mode=self.settings.state_mode,
+            obs_agent_id=self.settings.obs_agent_id,
         )
         self.observation_spaces = dict.fromkeys(self.possible_agents, observation_space)
         self_ref = weakref.ref(self)
@@ -184,7 +199,8 @@ class SMACEnv(MultiAgentEnv):
         return None if self._last is None else self._last.state
 
     def _observations(self, step: Step) -> dict[str, dict[str, np.ndarray]]:
-        obs, avail = step.obs, step.avail
+        obs = agent_observations(step.obs, obs_agent_id=self.settings.obs_agent_id)
+        avail = step.avail
         if self.settings.include_state:
             states = agent_states(
                 step.state, len(self.possible_agents), state_mode=self.settings.state_mode

@@ -93,6 +93,11 @@ class SMACEnvSettings:
     ``[state_dim + n_agents]`` (MAPPO's agent-specific state for the central critic, Yu et al.
     2022). Needs ``include_state=True``."""
 
+    obs_agent_id: bool = False
+    """Append the agent's one-hot id to its ``"observations"`` (``[obs_dim + n_agents]``), as
+    PyMARL's and MAPPO's SMAC runs do (``obs_agent_id``): with one shared policy it lets
+    otherwise identical agents act differently."""
+
     capability_config: Mapping[str, Any] | None = None
     """SMACv2 only: the ``capability_config`` of ``StarCraftCapabilityEnvWrapper`` (``n_units``,
     ``n_enemies``, ``team_gen``, ``start_positions``, ...). ``None``: plain ``StarCraft2Env``."""
@@ -142,6 +147,11 @@ class SMACEnvSettings:
             raise ValueError(
                 f"include_state={self.include_state!r}; allowed: True, False. "
                 "Fix: 'include_state': True (needed by the central critic)."
+            )
+        if not isinstance(self.obs_agent_id, bool):
+            raise ValueError(
+                f"obs_agent_id={self.obs_agent_id!r}; allowed: True, False. "
+                "Fix: 'obs_agent_id': True (one-hot agent id in every observation)."
             )
         check_choice(
             "state_mode",

@@ -33,6 +33,7 @@ from ray.rllib.utils.annotations import override
 from rllib_ext.envs.smac.env import (
     MaskedDiscrete,
     agent_observation_space,
+    agent_observations,
     agent_states,
     derive_seed,
 )
@@ -48,7 +49,7 @@ logger = logging.getLogger(__name__)
 class SMAXBatch:
     """One observation of all envs plus the outcome of the call that produced it.
 
-    Shapes: ``obs float32 [E, N, obs_dim]``, ``state float32 [E, state_dim]``,
+    Shapes: ``obs float32 [E, N, obs_dim]`` (``obs_dim + N`` with ``obs_agent_id``), ``state float32 [E, state_dim]``,
     ``avail float32 [E, N, A]`` (legal actions, in {0, 1}), ``reward float32 [E]`` (team
     reward, already scaled by ``reward_mode``), ``terminated``/``truncated``/``battle_won``
     ``bool [E]`` (never both terminated and truncated), ``dead_allies``/``dead_enemies``
@@ -145,7 +146,10 @@ class SMAXVectorEnv(VectorMultiAgentEnv):
         self.possible_agents = [f"agent_{i}" for i in range(spec.n_agents)]
         self.agents = list(self.possible_agents)
         observation_space = agent_observation_space(
-            spec, include_state=self.settings.include_state, state_mode=self.settings.state_mode
+            spec,
+            include_state=self.settings.include_state,
+            state_mode=self.settings.state_mode,
+            obs_agent_id=self.settings.obs_agent_id,
         )
         self.single_observation_spaces: dict[str, gym.Space] = dict.fromkeys(
             self.possible_agents, observation_space
@@ -212,7 +216,10 @@ class SMAXVectorEnv(VectorMultiAgentEnv):
         terminated = (allies_gone | enemies_gone) & ~was_reset
         truncated = (tail[:, 3] > 0) & ~terminated & ~was_reset
         return SMAXBatch(
-            obs=flat[:, : self._obs_end].reshape(n_envs, spec.n_agents, spec.obs_dim),
+            obs=agent_observations(
+                flat[:, : self._obs_end].reshape(n_envs, spec.n_agents, spec.obs_dim),
+                obs_agent_id=self.settings.obs_agent_id,
+            ),
             state=flat[:, self._obs_end : self._state_end],
             avail=flat[:, self._state_end : self._avail_end].reshape(
                 n_envs, spec.n_agents, spec.n_actions
