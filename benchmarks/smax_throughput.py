@@ -29,7 +29,11 @@ the first):
   learner's process, so the iteration's episodes (~128 MB on 3s5z_vs_3s6z) are not serialized
   between processes (what the ``smax-3s5z_vs_3s6z`` and ``smax-3m`` presets use).
 
-``sampling`` also reports ``env-only``: the batched, jitted SMAX step alone (random legal actions
+``sampling`` also reports ``fused-train-call``: the ``fused`` path asked for
+``_RECIPE["train_batch_size"]`` env steps per ``sample()`` call (128 per battle with 64 battles),
+as training asks a local env runner (RLlib's ``rollout_fragment_length="auto"``), instead of the
+16 per battle of the other columns (more of each episode chunk's fixed cost per step there), and
+``env-only``: the batched, jitted SMAX step alone (random legal actions
 from numpy, no module, no episodes), the ceiling for any sampling path over the same battles.
 
 Run (2-core machine: serialise CPU-heavy jobs)::
@@ -90,13 +94,16 @@ def _config(map_name: str, num_envs: int, path: str, seed: int, num_env_runners:
     return config
 
 
-def measure_sampling(map_name: str, path: str, *, num_envs: int, seconds: float) -> float:
-    """Env steps per second of ``EnvRunner.sample()`` (warm: compiled, episodes running)."""
+def measure_sampling(
+    map_name: str, path: str, *, num_envs: int, seconds: float, steps_per_env: int = 16
+) -> float:
+    """Env steps per second of ``EnvRunner.sample(num_timesteps=num_envs * steps_per_env)``
+    (warm: compiled, episodes running)."""
     config = _config(map_name, num_envs, path, seed=0)
     runner = config.env_runner_cls(config=config)
     if path == "batched":
         runner.fused_sampling = False
-    chunk = num_envs * 16
+    chunk = num_envs * steps_per_env
     runner.sample(num_timesteps=num_envs * _WARMUP_STEPS)
     steps, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
@@ -213,6 +220,13 @@ def main() -> None:
             )
             for path in ("rllib", "batched", "fused")
         }
+        rates["fused-train-call"] = measure_sampling(
+            map_name,
+            "fused",
+            num_envs=args.num_envs,
+            seconds=args.sample_seconds,
+            steps_per_env=max(1, _RECIPE["train_batch_size"] // args.num_envs),
+        )
         rates["env-only"] = measure_env_only(
             map_name, num_envs=args.num_envs, seconds=args.sample_seconds
         )
@@ -221,6 +235,7 @@ def main() -> None:
             f"sampling {map_name:>13} E={args.num_envs}: rllib {rates['rllib']:8.0f}  "
             f"batched {rates['batched']:8.0f} ({rates['batched'] / rates['rllib']:.1f}x)  "
             f"fused {rates['fused']:8.0f} ({rates['fused'] / rates['rllib']:.1f}x)  "
+            f"fused-train-call {rates['fused-train-call']:8.0f}  "
             f"env-only {rates['env-only']:8.0f} env steps/s",
             flush=True,
         )
