@@ -61,12 +61,15 @@ def test_one_hot_agent_id_is_appended_to_one_entry(config, with_id, unchanged, s
             obs_specific, _ = specific.reset()
 
 
-def test_pettingzoo_parallel_api_with_agent_specific_state():
-    env = parallel_env(map_name="3m", backend="smax", seed=0, state_mode="agent_specific")
+def test_pettingzoo_parallel_api_with_agent_ids():
+    env = parallel_env(
+        map_name="3m", backend="smax", seed=0, state_mode="agent_specific", obs_agent_id=True
+    )
     parallel_api_test(env, num_cycles=100)
     obs, _ = env.reset(seed=1)
     np.testing.assert_array_equal(obs["agent_1"]["state"][:-3], env.state())
     np.testing.assert_array_equal(obs["agent_1"]["state"][-3:], [0.0, 1.0, 0.0])
+    np.testing.assert_array_equal(obs["agent_1"]["observations"][-3:], [0.0, 1.0, 0.0])
 
 
 def test_sizes_for_3s5z_vs_3s6z():
