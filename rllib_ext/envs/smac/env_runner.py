@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import torch
@@ -85,6 +85,21 @@ def use_smax_vector_env_runner(config: AlgorithmConfig) -> bool:
     )
     config.env_runner_cls = SMAXVectorEnvRunner if wanted else None
     return wanted
+
+
+class _Step(NamedTuple):
+    """One env step of the fused loop, waiting to be recorded into the tracks: the outcome
+    ``new`` (``states``: its agents' ``"state"`` entries ``[E, N, D]`` or ``None``) of the
+    ``actions`` ``int32 [E, N]`` (``logp [E, N]``, ``logits [E, N, A]``, recurrent ``state_out``
+    rows ``[E * N, ...]`` or ``None``) under weights ``weights_seq_no``."""
+
+    new: SMAXBatch
+    states: np.ndarray | None
+    actions: np.ndarray
+    logp: np.ndarray
+    logits: np.ndarray
+    state_out: Any
+    weights_seq_no: int
 
 
 class SMAXVectorEnvRunner(MultiAgentEnvRunner):
@@ -269,7 +284,7 @@ class SMAXVectorEnvRunner(MultiAgentEnvRunner):
         )
         done: list[MultiAgentEpisode] = []
         env_ts = 0
-        episodes_done = 0
+        previous: _Step | None = None
         while env_ts < num_timesteps:
             obs = {
                 "observations": torch.from_numpy(batch.obs.reshape(rows, -1)),
@@ -308,47 +323,26 @@ class SMAXVectorEnvRunner(MultiAgentEnvRunner):
             logits_np = logits_np.reshape(n_envs, n_agents, -1)
             state_out = convert_to_numpy(out[module_id][Columns.STATE_OUT]) if stateful else None
             with sample_phase(self, "env_step"):
-                new = env.step_arrays(actions_np)
+                env.start_step(actions_np)
+            # JAX steps the battles in its own threads meanwhile: record the step before.
+            if previous is not None:
+                done += self._record_step(tracks, previous)
+            with sample_phase(self, "env_step"):
+                new = env.finish_step()
             # The agents' "state" entries of the new observation (also next step's input).
             states = env.agent_states(new) if include_state else None
-            seq_no = self._weights_seq_no
-            now = time.perf_counter()
-            for e in range(n_envs):
-                if new.was_reset[e]:
-                    tracks[e] = self._new_track(new, states, e)
-                    continue
-                # None only right after an episode ended, and then this env was reset above.
-                track = cast(EnvTrack, tracks[e])
-                track.actions.append(actions_np[e])
-                track.logp.append(logp_np[e])
-                track.logits.append(logits_np[e])
-                track.rewards.append(float(new.reward[e]) * env.reward_scale)
-                track.weights_seq_no.append(seq_no)
-                track.obs.append(new.obs[e])
-                track.avail.append(new.avail[e])
-                if states is not None:
-                    track.state.append(states[e])
-                if state_out is not None:
-                    agents = slice(e * n_agents, (e + 1) * n_agents)
-                    track.state_out.append(
-                        tree.map_structure(lambda x, rows_e=agents: x[rows_e], state_out)
-                    )
-                term, trunc = bool(new.terminated[e]), bool(new.truncated[e])
-                track.infos.append(env.step_info(new, e))
-                track.last_step_time = now
-                env_ts += 1
-                if term or trunc:
-                    episode = self._chunk(track, terminated=term, truncated=trunc)
-                    episodes_done += 1
-                    done.append(episode)
-                    self._on_episode_end(episode)
-                    tracks[e] = None
+            previous = _Step(
+                new, states, actions_np, logp_np, logits_np, state_out, self._weights_seq_no
+            )
+            env_ts += n_envs - int(new.was_reset.sum())
             batch = new
             if state_out is not None:
                 # Envs reset in this call start their episode from the initial state.
                 self._recurrent_state = initial_state_rows(
                     rl_module, np.repeat(new.was_reset, n_agents), state_out
                 )
+        if previous is not None:
+            done += self._record_step(tracks, previous)
         ongoing: list[MultiAgentEpisode] = []
         for e, pending in enumerate(tracks):
             if pending is None or pending.steps == 0:
@@ -358,8 +352,44 @@ class SMAXVectorEnvRunner(MultiAgentEnvRunner):
             ongoing.append(chunk)
             tracks[e] = pending.continuation()
         self._done_episodes_for_metrics.extend(done)
-        self._log_fused_counts(env_ts, episodes_done)
+        self._log_fused_counts(env_ts, len(done))
         return done + ongoing
+
+    def _record_step(self, tracks: list[EnvTrack | None], step: _Step) -> list[MultiAgentEpisode]:
+        """Appends ``step`` to every env's track (a reset env starts a new one) and returns the
+        episodes it ended, as chunks (``on_episode_end`` called for each)."""
+        env, new, n_agents = self.vector_env, step.new, len(self.vector_env.possible_agents)
+        done: list[MultiAgentEpisode] = []
+        now = time.perf_counter()
+        for e in range(env.num_envs):
+            if new.was_reset[e]:
+                tracks[e] = self._new_track(new, step.states, e)
+                continue
+            # None only right after an episode ended, and then this env was reset above.
+            track = cast(EnvTrack, tracks[e])
+            track.actions.append(step.actions[e])
+            track.logp.append(step.logp[e])
+            track.logits.append(step.logits[e])
+            track.rewards.append(float(new.reward[e]) * env.reward_scale)
+            track.weights_seq_no.append(step.weights_seq_no)
+            track.obs.append(new.obs[e])
+            track.avail.append(new.avail[e])
+            if step.states is not None:
+                track.state.append(step.states[e])
+            if step.state_out is not None:
+                agents = slice(e * n_agents, (e + 1) * n_agents)
+                track.state_out.append(
+                    tree.map_structure(lambda x, rows_e=agents: x[rows_e], step.state_out)
+                )
+            term, trunc = bool(new.terminated[e]), bool(new.truncated[e])
+            track.infos.append(env.step_info(new, e))
+            track.last_step_time = now
+            if term or trunc:
+                episode = self._chunk(track, terminated=term, truncated=trunc)
+                done.append(episode)
+                self._on_episode_end(episode)
+                tracks[e] = None
+        return done
 
     def _on_episode_end(self, episode: MultiAgentEpisode) -> None:
         make_callback(

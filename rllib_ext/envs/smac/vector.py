@@ -170,6 +170,7 @@ class SMAXVectorEnv(VectorMultiAgentEnv):
         self._keys: Any = None
         self._states: Any = None
         self._autoreset = np.zeros(num_envs, dtype=bool)
+        self._in_flight: tuple[Any, np.ndarray] | None = None
         self.last: SMAXBatch | None = None
         """The latest :class:`SMAXBatch` (``None`` before the first reset)."""
         self.envs = [_SubEnvView(self, e) for e in range(num_envs)]
@@ -238,6 +239,7 @@ class SMAXVectorEnv(VectorMultiAgentEnv):
         if seed is not None or self._keys is None:
             self._keys = self._initial_keys(seed)
         self._keys, self._states, flat = self._reset_fn(self._keys)
+        self._in_flight = None
         self._autoreset[:] = False
         self.last = self._unpack(np.asarray(flat), np.ones(self.num_envs, dtype=bool))
         return self.last
@@ -255,12 +257,28 @@ class SMAXVectorEnv(VectorMultiAgentEnv):
 
         Actions are not mask-checked here (the dict :meth:`step` checks them like ``SMACEnv``).
         """
+        self.start_step(actions)
+        return self.finish_step()
+
+    def start_step(self, actions: np.ndarray) -> None:
+        """The first half of :meth:`step_arrays`: hands the step to JAX, which runs it in its own
+        threads while the caller goes on; :meth:`finish_step` waits for it."""
         if self._keys is None:
             raise ValueError("step() called before reset(). Fix: call reset() first.")
+        if self._in_flight is not None:
+            raise ValueError("start_step() called twice. Fix: call finish_step() in between.")
         was_reset = self._autoreset.copy()
         self._keys, self._states, flat = self._step_fn(
             self._keys, self._states, np.asarray(actions, dtype=np.int32), self._reset_index()
         )
+        self._in_flight = (flat, was_reset)
+
+    def finish_step(self) -> SMAXBatch:
+        """The step :meth:`start_step` began, once JAX has finished it."""
+        if self._in_flight is None:
+            raise ValueError("finish_step() without start_step(). Fix: call start_step() first.")
+        flat, was_reset = self._in_flight
+        self._in_flight = None
         self.last = self._unpack(np.asarray(flat), was_reset)
         self._autoreset = self.last.terminated | self.last.truncated
         return self.last
