@@ -112,6 +112,8 @@ class SMAXVectorEnvRunner(MultiAgentEnvRunner):
     (one INFO line per reason). A recurrent (stateful) module samples on the fused path too, its
     state carried as ``[E * N, ...]`` arrays exactly as RLlib's connectors would carry it.
     ``env_runners/smax_fused_sampling`` is 1 when the last ``sample()`` took the fused path.
+    The fused loop records each step into its episode tracks while JAX runs the next one
+    (:meth:`SMAXVectorEnv.start_step` / :meth:`SMAXVectorEnv.finish_step`).
     """
 
     fused_sampling: bool = True
