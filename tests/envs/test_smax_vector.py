@@ -136,6 +136,13 @@ def test_bad_input_is_rejected_with_the_fix():
     actions[1]["agent_0"] = masked
     with pytest.raises(ValueError, match="is masked"):
         vector.step(actions)
+    stop = np.full((2, 3), 4, dtype=np.int32)
+    with pytest.raises(ValueError, match=r"finish_step\(\) without start_step\(\)"):
+        vector.finish_step()
+    vector.start_step(stop)
+    with pytest.raises(ValueError, match=r"start_step\(\) called twice"):
+        vector.start_step(stop)
+    assert vector.finish_step() is vector.last
 
 
 def test_sub_env_action_spaces_sample_legal_actions():
