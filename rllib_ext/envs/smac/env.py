@@ -74,21 +74,20 @@ class MaskedDiscrete(gym.spaces.Discrete):
         return state
 
 
-def agent_observation_space(
-    spec: Any, *, include_state: bool, state_mode: str = "global", obs_agent_id: bool = False
-) -> gym.spaces.Dict:
+def agent_observation_space(spec: Any, settings: SMACEnvSettings) -> gym.spaces.Dict:
     """One agent's observation space: ``observations`` (obs_dim,) (``obs_dim + n_agents`` with
-    ``obs_agent_id``), ``action_mask`` (n_actions,) of 0/1 and, with ``include_state``,
-    ``state``: (state_dim,) for ``state_mode="global"``, (state_dim + n_agents,) for
-    ``"agent_specific"``; float32."""
+    ``settings.obs_agent_id``), ``action_mask`` (n_actions,) of 0/1 and, with
+    ``settings.include_state``, ``state``: (state_dim,) for ``state_mode="global"``,
+    (state_dim + n_agents,) for ``"agent_specific"``; float32."""
     unbounded = np.float32(np.inf)
-    obs_dim = spec.obs_dim + (spec.n_agents if obs_agent_id else 0)
+    obs_dim = spec.obs_dim + (spec.n_agents if settings.obs_agent_id else 0)
     components: dict[str, gym.Space] = {
         "observations": gym.spaces.Box(-unbounded, unbounded, (obs_dim,), np.float32),
         "action_mask": gym.spaces.Box(0.0, 1.0, (spec.n_actions,), np.float32),
     }
-    if include_state:
-        state_dim = spec.state_dim + (spec.n_agents if state_mode == "agent_specific" else 0)
+    if settings.include_state:
+        agent_specific = settings.state_mode == "agent_specific"
+        state_dim = spec.state_dim + (spec.n_agents if agent_specific else 0)
         components["state"] = gym.spaces.Box(-unbounded, unbounded, (state_dim,), np.float32)
     return gym.spaces.Dict(components)
 
@@ -157,12 +156,7 @@ class SMACEnv(MultiAgentEnv):
         spec = self.backend.spec
         self.possible_agents = [f"agent_{i}" for i in range(spec.n_agents)]
         self.agents = list(self.possible_agents)
-        observation_space = agent_observation_space(
-            spec,
-            include_state=self.settings.include_state,
-            state_mode=self.settings.state_mode,
-            obs_agent_id=self.settings.obs_agent_id,
-        )
+        observation_space = agent_observation_space(spec, self.settings)
         self.observation_spaces = dict.fromkeys(self.possible_agents, observation_space)
         self_ref = weakref.ref(self)
         self.action_spaces = {

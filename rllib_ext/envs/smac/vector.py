@@ -49,7 +49,8 @@ logger = logging.getLogger(__name__)
 class SMAXBatch:
     """One observation of all envs plus the outcome of the call that produced it.
 
-    Shapes: ``obs float32 [E, N, obs_dim]`` (``obs_dim + N`` with ``obs_agent_id``), ``state float32 [E, state_dim]``,
+    Shapes: ``obs float32 [E, N, obs_dim]`` (``obs_dim + N`` with ``obs_agent_id``),
+    ``state float32 [E, state_dim]``,
     ``avail float32 [E, N, A]`` (legal actions, in {0, 1}), ``reward float32 [E]`` (team
     reward, already scaled by ``reward_mode``), ``terminated``/``truncated``/``battle_won``
     ``bool [E]`` (never both terminated and truncated), ``dead_allies``/``dead_enemies``
@@ -145,12 +146,7 @@ class SMAXVectorEnv(VectorMultiAgentEnv):
         )
         self.possible_agents = [f"agent_{i}" for i in range(spec.n_agents)]
         self.agents = list(self.possible_agents)
-        observation_space = agent_observation_space(
-            spec,
-            include_state=self.settings.include_state,
-            state_mode=self.settings.state_mode,
-            obs_agent_id=self.settings.obs_agent_id,
-        )
+        observation_space = agent_observation_space(spec, self.settings)
         self.single_observation_spaces: dict[str, gym.Space] = dict.fromkeys(
             self.possible_agents, observation_space
         )
