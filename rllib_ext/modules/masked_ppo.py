@@ -40,7 +40,7 @@ import gymnasium as gym
 import torch
 from ray.rllib.algorithms.ppo.torch.default_ppo_torch_rl_module import DefaultPPOTorchRLModule
 from ray.rllib.core.columns import Columns
-from ray.rllib.core.models.base import ENCODER_OUT
+from ray.rllib.core.models.base import ENCODER_OUT, ActorCriticEncoder
 from ray.rllib.core.models.catalog import Catalog
 from ray.rllib.core.rl_module.apis.value_function_api import ValueFunctionAPI
 from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
@@ -234,6 +234,12 @@ class MaskedPPOTorchRLModule(DefaultPPOTorchRLModule, ValueNormAPI, LearnerOptio
     @override(DefaultPPOTorchRLModule)
     def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
         inner, action_mask, _ = self._split(batch)
+        encoder = self.encoder
+        if isinstance(encoder, ActorCriticEncoder) and not encoder.config.shared:
+            # Acting reads only the policy tower; with vf_share_layers=False RLlib's
+            # ActorCriticEncoder would also run the critic's tower and drop its output.
+            features = encoder.actor_encoder(inner, **kwargs)[ENCODER_OUT]
+            return mask_logits({Columns.ACTION_DIST_INPUTS: self.pi(features)}, action_mask)
         return mask_logits(super()._forward(inner, **kwargs), action_mask)
 
     @override(DefaultPPOTorchRLModule)

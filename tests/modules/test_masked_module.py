@@ -25,13 +25,13 @@ def obs_space(with_state=True):
     return gym.spaces.Dict(spaces)
 
 
-def build(central_critic=False, inference_only=False, with_state=True):
+def build(central_critic=False, inference_only=False, with_state=True, **model_config):
     return RLModuleSpec(
         module_class=MaskedPPOTorchRLModule,
         observation_space=obs_space(with_state),
         action_space=gym.spaces.Discrete(N_ACTIONS),
         inference_only=inference_only,
-        model_config={"fcnet_hiddens": [16, 16], "central_critic": central_critic},
+        model_config={"fcnet_hiddens": [16, 16], "central_critic": central_critic, **model_config},
     ).build()
 
 
@@ -110,6 +110,25 @@ def test_inference_only_module_drops_the_critics_and_loads_learner_weights():
         runner_module.forward_inference(data)[Columns.ACTION_DIST_INPUTS],
         learner_module.forward_inference(data)[Columns.ACTION_DIST_INPUTS],
     )
+
+
+def test_acting_runs_only_the_policy_tower_with_forward_trains_logits():
+    """Separate towers (vf_share_layers=False): exploration and inference skip the critic's
+    tower, and their logits are forward_train's (which runs both)."""
+    module = build(central_critic=False, vf_share_layers=False)
+    critic_calls = []
+    hook = module.encoder.critic_encoder.register_forward_hook(lambda *args: critic_calls.append(1))
+    data = batch()
+    acting = [
+        module.forward_exploration(data)[Columns.ACTION_DIST_INPUTS],
+        module.forward_inference(data)[Columns.ACTION_DIST_INPUTS],
+    ]
+    assert critic_calls == []
+    train_logits = module.forward_train(data)[Columns.ACTION_DIST_INPUTS]
+    assert critic_calls == [1]
+    hook.remove()
+    for logits in acting:
+        torch.testing.assert_close(logits, train_logits)
 
 
 def test_bad_spaces_and_options_raise():
