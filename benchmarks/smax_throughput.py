@@ -27,14 +27,18 @@ the first):
   fast only on CPUs with native bf16, e.g. AVX512-BF16, and on GPUs);
 * ``fused-recipe-bf16-local``: the same with ``num_env_runners=0``: the env runner samples in the
   learner's process, so the iteration's episodes (~128 MB on 3s5z_vs_3s6z) are not serialized
-  between processes (what the ``smax-3s5z_vs_3s6z`` and ``smax-3m`` presets use).
+  between processes (what the ``smax-3s5z_vs_3s6z`` and ``smax-3m`` presets use);
+* ``fused-recipe-bf16-local-inference``: the same with ``amp_inference=True``: the env runner's
+  forward also runs under bf16 autocast (actions and ``action_logp`` from float32 logits).
 
 ``sampling`` also reports ``fused-train-call``: the ``fused`` path asked for
 ``_RECIPE["train_batch_size"]`` env steps per ``sample()`` call (128 per battle with 64 battles),
 as training asks a local env runner (RLlib's ``rollout_fragment_length="auto"``), instead of the
 16 per battle of the other columns (more of each episode chunk's fixed cost per step there), and
 ``env-only``: the batched, jitted SMAX step alone (random legal actions
-from numpy, no module, no episodes), the ceiling for any sampling path over the same battles.
+from numpy, no module, no episodes), the ceiling for any sampling path over the same battles,
+and ``fused-train-call-bf16``: ``fused-train-call`` with ``amp="bf16", amp_inference=True`` (the
+forward under bf16 autocast; fast only with native bf16, e.g. AVX512-BF16).
 
 Run (2-core machine: serialise CPU-heavy jobs)::
 
@@ -75,7 +79,14 @@ TRAIN_SETTINGS: dict[str, dict[str, Any]] = {
         "training": {"amp": "bf16"},
         "num_env_runners": 0,
     },
+    "fused-recipe-bf16-local-inference": {
+        "path": "fused",
+        **_RECIPE,
+        "training": {"amp": "bf16", "amp_inference": True},
+        "num_env_runners": 0,
+    },
 }
+_AMP_INFERENCE = {"amp": "bf16", "amp_inference": True}
 
 
 def _config(map_name: str, num_envs: int, path: str, seed: int, num_env_runners: int = 0) -> Any:
@@ -95,11 +106,17 @@ def _config(map_name: str, num_envs: int, path: str, seed: int, num_env_runners:
 
 
 def measure_sampling(
-    map_name: str, path: str, *, num_envs: int, seconds: float, steps_per_env: int = 16
+    map_name: str,
+    path: str,
+    *,
+    num_envs: int,
+    seconds: float,
+    steps_per_env: int = 16,
+    training: dict[str, Any] | None = None,
 ) -> float:
     """Env steps per second of ``EnvRunner.sample(num_timesteps=num_envs * steps_per_env)``
-    (warm: compiled, episodes running)."""
-    config = _config(map_name, num_envs, path, seed=0)
+    (warm: compiled, episodes running); ``training``: extra ``.training()`` keys."""
+    config = _config(map_name, num_envs, path, seed=0).training(**(training or {}))
     runner = config.env_runner_cls(config=config)
     if path == "batched":
         runner.fused_sampling = False
@@ -220,13 +237,18 @@ def main() -> None:
             )
             for path in ("rllib", "batched", "fused")
         }
-        rates["fused-train-call"] = measure_sampling(
-            map_name,
-            "fused",
-            num_envs=args.num_envs,
-            seconds=args.sample_seconds,
-            steps_per_env=max(1, _RECIPE["train_batch_size"] // args.num_envs),
-        )
+        for column, training in (
+            ("fused-train-call", None),
+            ("fused-train-call-bf16", _AMP_INFERENCE),
+        ):
+            rates[column] = measure_sampling(
+                map_name,
+                "fused",
+                num_envs=args.num_envs,
+                seconds=args.sample_seconds,
+                steps_per_env=max(1, _RECIPE["train_batch_size"] // args.num_envs),
+                training=training,
+            )
         rates["env-only"] = measure_env_only(
             map_name, num_envs=args.num_envs, seconds=args.sample_seconds
         )
@@ -236,6 +258,7 @@ def main() -> None:
             f"batched {rates['batched']:8.0f} ({rates['batched'] / rates['rllib']:.1f}x)  "
             f"fused {rates['fused']:8.0f} ({rates['fused'] / rates['rllib']:.1f}x)  "
             f"fused-train-call {rates['fused-train-call']:8.0f}  "
+            f"(bf16 forward {rates['fused-train-call-bf16']:8.0f})  "
             f"env-only {rates['env-only']:8.0f} env steps/s",
             flush=True,
         )

@@ -18,7 +18,16 @@ from ray.rllib.utils.annotations import override
 from rllib_ext.learners.amp import resolve_amp_dtype
 from rllib_ext.settings import ExtensionSettings
 
-__all__ = ["AMPMultiAgentEnvRunner", "AMPSingleAgentEnvRunner", "CastToFloat32"]
+__all__ = ["AMPMultiAgentEnvRunner", "AMPSingleAgentEnvRunner", "CastToFloat32", "to_float32"]
+
+
+def to_float32(x: Any) -> Any:
+    """``x`` (a tensor or a nested dict of them) with fp16/bf16 tensors cast to float32."""
+    if isinstance(x, torch.Tensor) and x.dtype in (torch.float16, torch.bfloat16):
+        return x.float()
+    if isinstance(x, dict):
+        return {k: to_float32(v) for k, v in x.items()}
+    return x
 
 
 class CastToFloat32(ConnectorV2):
@@ -26,14 +35,7 @@ class CastToFloat32(ConnectorV2):
 
     @override(ConnectorV2)
     def __call__(self, *, batch: dict[str, Any], **kwargs: Any) -> Any:
-        def cast(x: Any) -> Any:
-            if isinstance(x, torch.Tensor) and x.dtype in (torch.float16, torch.bfloat16):
-                return x.float()
-            if isinstance(x, dict):
-                return {k: cast(v) for k, v in x.items()}
-            return x
-
-        return cast(batch)
+        return to_float32(batch)
 
 
 if TYPE_CHECKING:

@@ -10,6 +10,7 @@ pytest.importorskip("jaxmarl", reason='SMAX backend needs jaxmarl: pip install "
 from ray.rllib.env.env_context import EnvContext  # noqa: E402
 from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner  # noqa: E402
 
+from rllib_ext.env_runners import AMPMultiAgentEnvRunner  # noqa: E402
 from rllib_ext.envs.smac import SMACEnv  # noqa: E402
 from rllib_ext.envs.smac.env_runner import (  # noqa: E402
     SMAXVectorEnvRunner,
@@ -183,6 +184,25 @@ def test_config_selects_the_batched_runner_only_for_smax_with_several_envs():
     assert chosen.env_runner_cls is MultiAgentEnvRunner
 
 
+def test_amp_inference_keeps_the_batched_runner_in_either_order():
+    """SMAXVectorEnvRunner is an AMPMultiAgentEnvRunner, so amp_inference=True no longer trades
+    batched stepping for the autocast forward; with one env the plain AMP runner comes back."""
+    amp_last = _config(num_envs=4).training(**_AMP_INFERENCE)
+    amp_first = (
+        _config(num_envs=1).training(**_AMP_INFERENCE).env_runners(num_envs_per_env_runner=4)
+    )
+    for config in (amp_last, amp_first):
+        config.validate()
+        assert config.env_runner_cls is SMAXVectorEnvRunner
+    amp_first.env_runners(num_envs_per_env_runner=1)
+    amp_first.validate()
+    assert amp_first.env_runner_cls is AMPMultiAgentEnvRunner
+    runner = SMAXVectorEnvRunner(config=amp_last)
+    assert runner.sample(num_timesteps=16, explore=True)
+    assert runner.get_metrics()["smax_fused_sampling"].peek() == 1.0
+    runner.stop()
+
+
 def test_runner_samples_episodes_equal_to_rllib_runner_semantics():
     """Local runner (no Ray): episodes carry SMAX's win info and every action was legal."""
     config = _config(num_envs=3, seed=0)
@@ -253,37 +273,47 @@ def _assert_buffers_equal(ours, theirs, where):
 
 
 _RECURRENT = {"recurrent_cell": "gru", "fcnet_hiddens": [16], "lstm_cell_size": 8}
+_AMP_INFERENCE = {"amp": "bf16", "amp_inference": True}
 
 
 @pytest.mark.parametrize(
-    ("state_config", "model_config"),
+    ("state_config", "model_config", "training"),
     [
-        ({"include_state": False}, {}),
-        ({"include_state": True}, {}),
-        ({"include_state": True, "state_mode": "agent_specific"}, {}),
-        ({"include_state": True, "obs_agent_id": True}, {}),
-        ({"include_state": False}, _RECURRENT),
-        ({"include_state": True}, {**_RECURRENT, "recurrent_cell": "lstm"}),
+        ({"include_state": False}, {}, {}),
+        ({"include_state": True}, {}, {}),
+        ({"include_state": True, "state_mode": "agent_specific"}, {}, {}),
+        ({"include_state": True, "obs_agent_id": True}, {}, {}),
+        ({"include_state": False}, _RECURRENT, {}),
+        ({"include_state": True}, {**_RECURRENT, "recurrent_cell": "lstm"}, {}),
+        ({"include_state": True}, {}, _AMP_INFERENCE),
+        ({"include_state": False}, _RECURRENT, _AMP_INFERENCE),
     ],
 )
-def test_fused_sampling_returns_the_episodes_rllibs_loop_returns(state_config, model_config):
+def test_fused_sampling_returns_the_episodes_rllibs_loop_returns(
+    state_config, model_config, training
+):
     """Greedy policy, same weights and seeds: the array-speed path and RLlib's own loop (over
     RLlib's SyncVectorMultiAgentEnv of SMACEnv copies) return the same episode chunks, also
     across sample() calls (ids, env_t_started, one-step lookback), with the same metrics.
-    Recurrent modules: the same STATE_OUTs, so the carried state is RLlib's."""
+    Recurrent modules: the same STATE_OUTs, so the carried state is RLlib's. amp_inference: the
+    same bf16 forward and float32 outputs as rllib_ext's AMPMultiAgentEnvRunner over RLlib's loop."""
     env_config = {
         "map_name": "3m",
         **state_config,
         "smax_options": {"max_steps": 30},
     }
     ours_config = (
-        _config(num_envs=3, **env_config).rl_module(model_config=model_config).debugging(seed=4)
+        _config(num_envs=3, **env_config)
+        .rl_module(model_config=model_config)
+        .training(**training)
+        .debugging(seed=4)
     )
     theirs_config = ours_config.copy(copy_frozen=False).env_runners(
-        env_runner_cls=MultiAgentEnvRunner
+        env_runner_cls=AMPMultiAgentEnvRunner if training else MultiAgentEnvRunner
     )
+    assert ours_config.env_runner_cls is SMAXVectorEnvRunner
     ours = SMAXVectorEnvRunner(config=ours_config)
-    theirs = MultiAgentEnvRunner(config=theirs_config)
+    theirs = theirs_config.env_runner_cls(config=theirs_config)
     assert ours.module["shared_policy"].is_stateful() == bool(model_config)
     ours.module.set_state(theirs.module.get_state())
     ids: dict[str, str] = {}

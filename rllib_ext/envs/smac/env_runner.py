@@ -7,6 +7,9 @@ when the env is SMAC on the SMAX backend and ``num_envs_per_env_runner > 1``: th
 connectors, callbacks, metrics) is RLlib's. StarCraft II backends keep RLlib's runner.
 
 Visible in the results as ``env_runners/smax_batched_envs`` (battles per compiled call).
+``amp_inference=True`` keeps this runner: it is an ``AMPMultiAgentEnvRunner`` (the forward runs
+under the learner's autocast dtype, its outputs cast back to float32 before actions and
+``action_logp`` are computed).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from ray.rllib.utils.metrics import (
 )
 from ray.rllib.utils.numpy import convert_to_numpy
 
+from rllib_ext.env_runners import AMPMultiAgentEnvRunner, to_float32
 from rllib_ext.envs.smac.factory import smax_env_config
 from rllib_ext.envs.smac.fused import (
     EnvTrack,
@@ -69,20 +73,21 @@ def use_smax_vector_env_runner(config: AlgorithmConfig) -> bool:
     """Sets ``config.env_runner_cls`` to :class:`SMAXVectorEnvRunner` where it applies.
 
     Applies when the env runs on SMAX, ``num_envs_per_env_runner > 1``, the config is
-    multi-agent, ``amp_inference`` is off and the user chose no env-runner class. Idempotent;
-    an earlier automatic choice is undone when the config no longer qualifies. Returns whether
+    multi-agent and the user chose no env-runner class (``AMPMultiAgentEnvRunner``, which
+    ``amp_inference=True`` picks, counts as no choice: this runner is one). Idempotent; an
+    earlier automatic choice is undone when the config no longer qualifies. Returns whether
     the batched runner is selected.
     """
     chosen = config.env_runner_cls
-    if chosen is not None and chosen is not SMAXVectorEnvRunner:
+    if chosen not in (None, SMAXVectorEnvRunner, AMPMultiAgentEnvRunner):
         return False
     wanted = (
         config.num_envs_per_env_runner > 1
         and config.is_multi_agent
-        # amp_inference samples in the AMP env runner (with RLlib's vector env).
-        and config.learner_config_dict.get("amp_inference") is not True
         and smax_env_config(config.env, config.env_config) is not None
     )
+    if not wanted and chosen is AMPMultiAgentEnvRunner:
+        return False  # amp_inference's runner stays
     config.env_runner_cls = SMAXVectorEnvRunner if wanted else None
     return wanted
 
@@ -102,8 +107,9 @@ class _Step(NamedTuple):
     weights_seq_no: int
 
 
-class SMAXVectorEnvRunner(MultiAgentEnvRunner):
-    """``MultiAgentEnvRunner`` whose vector env is one :class:`SMAXVectorEnv`.
+class SMAXVectorEnvRunner(AMPMultiAgentEnvRunner):
+    """``MultiAgentEnvRunner`` whose vector env is one :class:`SMAXVectorEnv` (with
+    ``amp_inference`` support, see :class:`rllib_ext.env_runners.AMPMultiAgentEnvRunner`).
 
     With ``fused_sampling`` (default on, ``config.env_config`` is untouched: the switch is the
     runner attribute ``fused_sampling``), time-step sampling runs as arrays (see
@@ -119,7 +125,7 @@ class SMAXVectorEnvRunner(MultiAgentEnvRunner):
     fused_sampling: bool = True
     env: SMAXVectorEnv | None
 
-    @override(MultiAgentEnvRunner)
+    @override(AMPMultiAgentEnvRunner)
     def __init__(self, config: AlgorithmConfig, **kwargs: Any) -> None:
         super().__init__(config=config, **kwargs)
         self._tracks: list[EnvTrack | None] | None = None
@@ -310,7 +316,9 @@ class SMAXVectorEnvRunner(MultiAgentEnvRunner):
                     out = self.module.forward_exploration(module_batch, t=t)
                 else:
                     out = self.module.forward_inference(module_batch)
-                logits = out[module_id][Columns.ACTION_DIST_INPUTS]
+                # amp_inference's CastToFloat32: actions and logp from float32 logits.
+                module_out = to_float32(out[module_id])
+                logits = module_out[Columns.ACTION_DIST_INPUTS]
                 if stateful:  # RemoveSingleTsTimeRankFromBatch
                     logits = logits[:, 0]
                 dist = dist_cls.from_logits(logits)
@@ -323,7 +331,7 @@ class SMAXVectorEnvRunner(MultiAgentEnvRunner):
             actions_np = actions_np.reshape(n_envs, n_agents)
             logp_np = logp_np.reshape(n_envs, n_agents)
             logits_np = logits_np.reshape(n_envs, n_agents, -1)
-            state_out = convert_to_numpy(out[module_id][Columns.STATE_OUT]) if stateful else None
+            state_out = convert_to_numpy(module_out[Columns.STATE_OUT]) if stateful else None
             with sample_phase(self, "env_step"):
                 env.start_step(actions_np)
             # JAX steps the battles in its own threads meanwhile: record the step before.

@@ -18,7 +18,8 @@ state at an episode's first step), and every step's ``STATE_OUT`` kept in the ep
 ``extra_model_outputs`` (the learner starts its ``max_seq_len`` chunks from them).
 
 What RLlib's default connector pieces would do is done here directly, which is exact only for
-what :func:`fused_sampling_applies` checks: the default env-to-module / module-to-env pipelines,
+what :func:`fused_sampling_applies` checks: the default env-to-module / module-to-env pipelines
+(plus ``amp_inference``'s ``CastToFloat32``: the fused loop casts the module's outputs alike),
 one module for all agents, no ``on_episode_created/start/step`` callbacks (the
 batched path calls ``on_episode_end`` only), time-step sampling (``num_timesteps``) counted in
 env steps. Otherwise the runner falls back to RLlib's loop.
@@ -39,6 +40,7 @@ from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.env.utils.infinite_lookback_buffer import InfiniteLookbackBuffer
 from ray.rllib.utils.numpy import convert_to_numpy
 
+from rllib_ext.env_runners import CastToFloat32
 from rllib_ext.profiling.env_runner import PipelineMark
 
 __all__ = ["EnvTrack", "build_chunk", "fused_sampling_applies", "initial_state_rows"]
@@ -64,9 +66,12 @@ _PER_STEP_CALLBACKS = ("on_episode_created", "on_episode_start", "on_episode_ste
 
 
 def _piece_names(pipeline: Any) -> tuple[str, ...]:
-    # Profiling's marks only pass the batch through (rllib_ext.profiling.env_runner).
+    # Profiling's marks only pass the batch through (rllib_ext.profiling.env_runner);
+    # amp_inference's cast to float32 is applied by the fused loop itself.
     pieces = getattr(pipeline, "connectors", ())
-    return tuple(type(p).__name__ for p in pieces if not isinstance(p, PipelineMark))
+    return tuple(
+        type(p).__name__ for p in pieces if not isinstance(p, (PipelineMark, CastToFloat32))
+    )
 
 
 def fused_sampling_applies(runner: Any, *, num_timesteps: int | None, random_actions: bool) -> str:
