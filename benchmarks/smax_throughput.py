@@ -105,6 +105,10 @@ def _config(map_name: str, num_envs: int, path: str, seed: int, num_env_runners:
     return config
 
 
+_PHASES = ("sample", "env_step", "inference")
+"""Phases the profiling runner times in the fused loop (``rllib_ext.profiling.env_runner``)."""
+
+
 def measure_sampling(
     map_name: str,
     path: str,
@@ -113,22 +117,43 @@ def measure_sampling(
     seconds: float,
     steps_per_env: int = 16,
     training: dict[str, Any] | None = None,
-) -> float:
-    """Env steps per second of ``EnvRunner.sample(num_timesteps=num_envs * steps_per_env)``
-    (warm: compiled, episodes running); ``training``: extra ``.training()`` keys."""
+    phases: bool = False,
+) -> dict[str, Any]:
+    """``{"rate": env steps per second}`` of ``EnvRunner.sample(num_timesteps=num_envs *
+    steps_per_env)`` (warm: compiled, episodes running); ``training``: extra ``.training()`` keys.
+
+    ``phases``: the runner is ``rllib-ext profile``'s timing subclass and the result also holds
+    ``"ms_per_step"``: milliseconds per step of all battles for ``env_step`` (handing the step to
+    JAX and waiting for it; the bookkeeping that overlaps it is not counted), ``inference`` (the
+    forward and action sampling) and ``rest`` (the rest of ``sample()``: module batch, episode
+    bookkeeping and chunk building outside the overlap).
+    """
+    from rllib_ext.profiling.env_runner import PROFILE_KEY, EnvRunnerTimers, timed_subclass
+
     config = _config(map_name, num_envs, path, seed=0).training(**(training or {}))
-    runner = config.env_runner_cls(config=config)
+    runner_cls = config.env_runner_cls
+    runner = (timed_subclass(EnvRunnerTimers, runner_cls) if phases else runner_cls)(config=config)
     if path == "batched":
         runner.fused_sampling = False
     chunk = num_envs * steps_per_env
     runner.sample(num_timesteps=num_envs * _WARMUP_STEPS)
+
+    def phase_seconds() -> dict[str, float]:
+        return {p: runner.metrics.peek((PROFILE_KEY, f"{p}_s"), default=0.0) for p in _PHASES}
+
+    before = phase_seconds() if phases else {}
     steps, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         episodes = runner.sample(num_timesteps=chunk)
         steps += sum(ep.env_steps() for ep in episodes)
-    rate = steps / (time.perf_counter() - start)
+    result: dict[str, Any] = {"rate": steps / (time.perf_counter() - start)}
+    if phases:
+        after = phase_seconds()
+        ms = {p: (after[p] - before[p]) * 1e3 / (steps / num_envs) for p in _PHASES}
+        ms["rest"] = ms["sample"] - ms["env_step"] - ms["inference"]
+        result["ms_per_step"] = {k: round(float(v), 3) for k, v in ms.items()}
     runner.stop()
-    return rate
+    return result
 
 
 def measure_env_only(map_name: str, *, num_envs: int, seconds: float) -> float:
@@ -212,6 +237,12 @@ def main() -> None:
     )
     parser.add_argument("--train-settings", nargs="+", default=list(TRAIN_SETTINGS))
     parser.add_argument("--skip-train", action="store_true")
+    parser.add_argument(
+        "--phases",
+        action="store_true",
+        help="time the fused-train-call columns with rllib-ext profile's runner: ms per step of "
+        "all battles in env_step / inference / rest",
+    )
     parser.add_argument("--json", default=None, help="also write the numbers here")
     args = parser.parse_args()
 
@@ -234,25 +265,33 @@ def main() -> None:
         rates = {
             path: measure_sampling(
                 map_name, path, num_envs=args.num_envs, seconds=args.sample_seconds
-            )
+            )["rate"]
             for path in ("rllib", "batched", "fused")
         }
+        phase_ms: dict[str, Any] = {}
         for column, training in (
             ("fused-train-call", None),
             ("fused-train-call-bf16", _AMP_INFERENCE),
         ):
-            rates[column] = measure_sampling(
+            measured = measure_sampling(
                 map_name,
                 "fused",
                 num_envs=args.num_envs,
                 seconds=args.sample_seconds,
                 steps_per_env=max(1, _RECIPE["train_batch_size"] // args.num_envs),
                 training=training,
+                phases=args.phases,
             )
+            rates[column] = measured["rate"]
+            if args.phases:
+                phase_ms[column] = measured["ms_per_step"]
+                print(f"phases   {map_name:>13} {column}: {measured['ms_per_step']}", flush=True)
         rates["env-only"] = measure_env_only(
             map_name, num_envs=args.num_envs, seconds=args.sample_seconds
         )
         out["sampling"][map_name] = rates
+        if phase_ms:
+            out.setdefault("sampling_ms_per_step", {})[map_name] = phase_ms
         print(
             f"sampling {map_name:>13} E={args.num_envs}: rllib {rates['rllib']:8.0f}  "
             f"batched {rates['batched']:8.0f} ({rates['batched'] / rates['rllib']:.1f}x)  "
