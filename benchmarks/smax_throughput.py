@@ -238,6 +238,13 @@ def main() -> None:
     parser.add_argument("--train-settings", nargs="+", default=list(TRAIN_SETTINGS))
     parser.add_argument("--skip-train", action="store_true")
     parser.add_argument(
+        "--fused-groups",
+        type=int,
+        default=1,
+        help="SMAXVectorEnvRunner.fused_groups for the fused columns: groups of battles the loop "
+        "alternates between, so the policy runs for one group while JAX steps another",
+    )
+    parser.add_argument(
         "--phases",
         action="store_true",
         help="time the fused-train-call columns with rllib-ext profile's runner: ms per step of "
@@ -249,6 +256,10 @@ def main() -> None:
     import ray
     import torch
 
+    from rllib_ext.envs.smac.env_runner import SMAXVectorEnvRunner
+
+    SMAXVectorEnvRunner.fused_groups = args.fused_groups
+
     # address="local": a new Ray for this run even if another one is up on this machine.
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     learner_threads = torch.get_num_threads()
@@ -258,6 +269,7 @@ def main() -> None:
         "torch_threads_sampling": args.sampling_torch_threads,
         "torch_threads_learner": learner_threads,
         "num_envs_sampling": args.num_envs,
+        "fused_groups": args.fused_groups,
         "sampling": {},
         "train": {},
     }

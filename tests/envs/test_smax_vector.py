@@ -144,6 +144,41 @@ def test_bad_input_is_rejected_with_the_fix():
     with pytest.raises(ValueError, match=r"start_step\(\) called twice"):
         vector.start_step(stop)
     assert vector.finish_step() is vector.last
+    with pytest.raises(ValueError, match="num_groups=3 must be an integer >= 1 that divides"):
+        SMAXVectorEnv({"backend": "smax", "map_name": "3m"}, num_envs=4, num_groups=3)
+    with pytest.raises(ValueError, match=r"group=1 is not one of 0\.\.0 \(num_groups=1\)"):
+        vector.start_step(stop, group=1)
+
+
+def test_groups_step_each_battle_as_one_call_does():
+    """num_groups=2, groups started and finished one after the other (as the pipelined sampler
+    does): every battle plays exactly what it plays in one call for all (3m is bit-identical),
+    through auto-resets."""
+    env_config = {"backend": "smax", "map_name": "3m", "seed": 3, "smax_options": {"max_steps": 20}}
+    whole = SMAXVectorEnv(env_config, num_envs=4)
+    grouped = SMAXVectorEnv(env_config, num_envs=4, num_groups=2)
+    rng = np.random.default_rng(0)
+    batch, parts = whole.reset_arrays(), grouped.reset_arrays()
+    resets = 0
+    for step in range(60):
+        for name in ("obs", "state", "avail", "reward", "terminated", "truncated", "was_reset"):
+            np.testing.assert_array_equal(
+                getattr(parts, name), getattr(batch, name), err_msg=f"step {step} {name}"
+            )
+        actions = _legal(batch.avail, rng).astype(np.int32)
+        was_reset = whole.start_step(actions)
+        halves = [
+            grouped.start_step(actions[:2], group=0),
+            grouped.start_step(actions[2:], group=1),
+        ]
+        np.testing.assert_array_equal(np.concatenate(halves), was_reset)
+        batch = whole.finish_step()
+        first = grouped.finish_step(group=0)
+        np.testing.assert_array_equal(first.obs, grouped.group_batch(0).obs)
+        grouped.finish_step(group=1)
+        parts = grouped.last
+        resets += int(batch.was_reset.sum())
+    assert resets >= 4  # every battle ended (20-step limit) and was reset at least once
 
 
 def test_sub_env_action_spaces_sample_legal_actions():
@@ -276,34 +311,48 @@ _RECURRENT = {"recurrent_cell": "gru", "fcnet_hiddens": [16], "lstm_cell_size": 
 _AMP_INFERENCE = {"amp": "bf16", "amp_inference": True}
 
 
+class _TwoGroupRunner(SMAXVectorEnvRunner):
+    fused_groups = 2
+
+
 @pytest.mark.parametrize(
-    ("state_config", "model_config", "training"),
+    ("state_config", "model_config", "training", "runner_cls"),
     [
-        ({"include_state": False}, {}, {}),
-        ({"include_state": True}, {}, {}),
-        ({"include_state": True, "state_mode": "agent_specific"}, {}, {}),
-        ({"include_state": True, "obs_agent_id": True}, {}, {}),
-        ({"include_state": False}, _RECURRENT, {}),
-        ({"include_state": True}, {**_RECURRENT, "recurrent_cell": "lstm"}, {}),
-        ({"include_state": True}, {}, _AMP_INFERENCE),
-        ({"include_state": False}, _RECURRENT, _AMP_INFERENCE),
+        ({"include_state": False}, {}, {}, SMAXVectorEnvRunner),
+        ({"include_state": True}, {}, {}, SMAXVectorEnvRunner),
+        ({"include_state": True, "state_mode": "agent_specific"}, {}, {}, SMAXVectorEnvRunner),
+        ({"include_state": True, "obs_agent_id": True}, {}, {}, SMAXVectorEnvRunner),
+        ({"include_state": False}, _RECURRENT, {}, SMAXVectorEnvRunner),
+        (
+            {"include_state": True},
+            {**_RECURRENT, "recurrent_cell": "lstm"},
+            {},
+            SMAXVectorEnvRunner,
+        ),
+        ({"include_state": True}, {}, _AMP_INFERENCE, SMAXVectorEnvRunner),
+        ({"include_state": False}, _RECURRENT, _AMP_INFERENCE, SMAXVectorEnvRunner),
+        ({"include_state": True}, {}, {}, _TwoGroupRunner),
+        ({"include_state": False}, _RECURRENT, {}, _TwoGroupRunner),
     ],
 )
 def test_fused_sampling_returns_the_episodes_rllibs_loop_returns(
-    state_config, model_config, training
+    state_config, model_config, training, runner_cls
 ):
     """Greedy policy, same weights and seeds: the array-speed path and RLlib's own loop (over
     RLlib's SyncVectorMultiAgentEnv of SMACEnv copies) return the same episode chunks, also
     across sample() calls (ids, env_t_started, one-step lookback), with the same metrics.
     Recurrent modules: the same STATE_OUTs, so the carried state is RLlib's. amp_inference: the
-    same bf16 forward and float32 outputs as rllib_ext's AMPMultiAgentEnvRunner over RLlib's loop."""
+    same bf16 forward and float32 outputs as rllib_ext's AMPMultiAgentEnvRunner over RLlib's loop.
+    Two groups (fused_groups=2): the pipelined loop returns the same episodes too. Four battles,
+    so some episode is reset on the last step of a call (RLlib cuts it anyway: its next chunk's
+    env-to-agent time map starts with an "S" lookback entry)."""
     env_config = {
         "map_name": "3m",
         **state_config,
         "smax_options": {"max_steps": 30},
     }
     ours_config = (
-        _config(num_envs=3, **env_config)
+        _config(num_envs=4, **env_config)
         .rl_module(model_config=model_config)
         .training(**training)
         .debugging(seed=4)
@@ -312,7 +361,8 @@ def test_fused_sampling_returns_the_episodes_rllibs_loop_returns(
         env_runner_cls=AMPMultiAgentEnvRunner if training else MultiAgentEnvRunner
     )
     assert ours_config.env_runner_cls is SMAXVectorEnvRunner
-    ours = SMAXVectorEnvRunner(config=ours_config)
+    ours = runner_cls(config=ours_config)
+    assert ours.vector_env.num_groups == runner_cls.fused_groups
     theirs = theirs_config.env_runner_cls(config=theirs_config)
     assert ours.module["shared_policy"].is_stateful() == bool(model_config)
     ours.module.set_state(theirs.module.get_state())

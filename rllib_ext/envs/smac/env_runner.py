@@ -123,15 +123,20 @@ class SMAXVectorEnvRunner(AMPMultiAgentEnvRunner):
     """
 
     fused_sampling: bool = True
+    fused_groups: int = 1
+    """Groups of battles the fused loop alternates between (:class:`SMAXVectorEnv`'s
+    ``num_groups``): while JAX steps one group, the policy runs for the next. Set before the env
+    is built (class or instance attribute; ``make_env()`` rebuilds)."""
     env: SMAXVectorEnv | None
 
     @override(AMPMultiAgentEnvRunner)
     def __init__(self, config: AlgorithmConfig, **kwargs: Any) -> None:
         super().__init__(config=config, **kwargs)
         self._tracks: list[EnvTrack | None] | None = None
-        self._recurrent_state: Any = None
-        """Recurrent modules on the fused path: the next ``STATE_IN``, a (nested) dict of
-        ``[E * N, ...]`` arrays (row ``e * N + i``: agent ``i`` of env ``e``)."""
+        self._recurrent_state: list[Any] = []
+        """Recurrent modules on the fused path, per group of envs: the next ``STATE_IN``, a
+        (nested) dict of ``[group_size * N, ...]`` arrays (row ``e * N + i``: agent ``i`` of the
+        group's env ``e``)."""
         self._fused_last = False
         self._fallbacks_logged: set[str] = set()
 
@@ -159,6 +164,7 @@ class SMAXVectorEnvRunner(AMPMultiAgentEnvRunner):
             env_config,
             num_envs=self.config.num_envs_per_env_runner,
             worker_index=self.worker_index or 0,
+            num_groups=self.fused_groups,
         )
         self.num_envs = self.env.num_envs
         self._needs_initial_reset = True
@@ -265,98 +271,72 @@ class SMAXVectorEnvRunner(AMPMultiAgentEnvRunner):
         self, num_timesteps: int, *, explore: bool, force_reset: bool
     ) -> list[MultiAgentEpisode]:
         env = self.vector_env
-        n_envs, n_agents = env.num_envs, len(env.possible_agents)
-        include_state = env.settings.include_state
+        n_groups, size, n_agents = env.num_groups, env.group_size, len(env.possible_agents)
         tracks = self._tracks
-        batch = env.last
-        reset = force_reset or tracks is None or batch is None or self._needs_initial_reset
-        if reset or batch is None:
-            batch = env.reset_arrays(seed=self._seed if self._needs_initial_reset else None)
+        reset = force_reset or tracks is None or env.last is None or self._needs_initial_reset
+        if reset:
+            env.reset_arrays(seed=self._seed if self._needs_initial_reset else None)
             self._needs_initial_reset = False
             self._ongoing_episodes_for_metrics.clear()
-        # The agents' "state" entries [E, N, D] of the current observation (None: no state).
-        states = env.agent_states(batch) if include_state else None
-        self._module_id = module_id = next(iter(self.module.keys()))
-        rl_module = self.module[module_id]
-        rows = n_envs * n_agents
-        stateful = rl_module.is_stateful()
+        batches = [env.group_batch(g) for g in range(n_groups)]
+        # Per group: the agents' "state" entries [group_size, N, D] (None: no state).
+        states = [self._agent_states(b) for b in batches]
+        self._module_id = next(iter(self.module.keys()))
+        rl_module = self.module[self._module_id]
         if reset or tracks is None:
-            tracks = self._tracks = [self._new_track(batch, states, e) for e in range(n_envs)]
-            self._recurrent_state = (
-                initial_state_rows(rl_module, np.ones(rows, dtype=bool), None) if stateful else None
-            )
-        dist_cls = (
-            rl_module.get_exploration_action_dist_cls()
-            if explore
-            else rl_module.get_inference_action_dist_cls()
-        )
+            tracks = self._tracks = [
+                self._new_track(batches[g], states[g], e)
+                for g in range(n_groups)
+                for e in range(size)
+            ]
+            self._recurrent_state = [
+                initial_state_rows(rl_module, np.ones(size * n_agents, dtype=bool), None)
+                if rl_module.is_stateful()
+                else None
+                for _ in range(n_groups)
+            ]
         done: list[MultiAgentEpisode] = []
         env_ts = 0
-        previous: _Step | None = None
+        # Per group: the step handed to JAX, waiting for its outcome (actions, logp, logits,
+        # state_out, weights_seq_no).
+        in_flight: list[tuple[Any, ...] | None] = [None] * n_groups
         while env_ts < num_timesteps:
-            obs = {
-                "observations": torch.from_numpy(batch.obs.reshape(rows, -1)),
-                "action_mask": torch.from_numpy(batch.avail.reshape(rows, -1)),
-            }
-            if states is not None:
-                obs["state"] = torch.from_numpy(states.reshape(rows, -1))
-            module_inputs: dict[str, Any] = {Columns.OBS: obs}
-            if stateful:
-                # RLlib's AddTimeDimToBatchAndZeroPad / AddStatesFromEpisodesToBatch: T=1.
-                module_inputs[Columns.OBS] = {k: v.unsqueeze(1) for k, v in obs.items()}
-                module_inputs[Columns.STATE_IN] = tree.map_structure(
-                    torch.from_numpy, self._recurrent_state
+            for g in range(n_groups):
+                finished = None
+                if in_flight[g] is not None:
+                    with sample_phase(self, "env_step"):
+                        new = env.finish_step(group=g)
+                    batches[g], states[g] = new, self._agent_states(new)
+                    finished = _Step(new, states[g], *cast(tuple[Any, ...], in_flight[g]))
+                    if finished.state_out is not None:
+                        # Envs reset in this call start their episode from the initial state.
+                        self._recurrent_state[g] = initial_state_rows(
+                            rl_module, np.repeat(new.was_reset, n_agents), finished.state_out
+                        )
+                in_flight[g], stepped = self._act_and_start(
+                    g, batches[g], states[g], explore=explore, env_ts=env_ts
                 )
-            module_batch = {module_id: module_inputs}
-            with self.metrics.log_time(RLMODULE_INFERENCE_TIMER), sample_phase(self, "inference"):
-                if explore:
-                    # RLlib's global step estimate (for exploration schedules).
-                    runners = self.config.num_env_runners or 1
-                    t = (self.num_env_steps_sampled_lifetime // runners + env_ts) * runners
-                    out = self.module.forward_exploration(module_batch, t=t)
-                else:
-                    out = self.module.forward_inference(module_batch)
-                # amp_inference's CastToFloat32: actions and logp from float32 logits.
-                module_out = to_float32(out[module_id])
-                logits = module_out[Columns.ACTION_DIST_INPUTS]
-                if stateful:  # RemoveSingleTsTimeRankFromBatch
-                    logits = logits[:, 0]
-                dist = dist_cls.from_logits(logits)
-                if not explore:
-                    dist = dist.to_deterministic()
-                actions = dist.sample()
-                logp = dist.logp(actions)
-            # RLlib's TensorToNumpy piece: the same conversion (int64 -> int32, float -> float32).
-            actions_np, logp_np, logits_np = convert_to_numpy((actions, logp, logits))
-            actions_np = actions_np.reshape(n_envs, n_agents)
-            logp_np = logp_np.reshape(n_envs, n_agents)
-            logits_np = logits_np.reshape(n_envs, n_agents, -1)
-            state_out = convert_to_numpy(module_out[Columns.STATE_OUT]) if stateful else None
-            with sample_phase(self, "env_step"):
-                env.start_step(actions_np)
-            # JAX steps the battles in its own threads meanwhile: record the step before.
-            if previous is not None:
-                done += self._record_step(tracks, previous)
-            with sample_phase(self, "env_step"):
-                new = env.finish_step()
-            # The agents' "state" entries of the new observation (also next step's input).
-            states = env.agent_states(new) if include_state else None
-            previous = _Step(
-                new, states, actions_np, logp_np, logits_np, state_out, self._weights_seq_no
-            )
-            env_ts += n_envs - int(new.was_reset.sum())
-            batch = new
-            if state_out is not None:
-                # Envs reset in this call start their episode from the initial state.
-                self._recurrent_state = initial_state_rows(
-                    rl_module, np.repeat(new.was_reset, n_agents), state_out
-                )
-        if previous is not None:
-            done += self._record_step(tracks, previous)
+                env_ts += stepped
+                # JAX steps this group (and the other groups) meanwhile: record the step before.
+                if finished is not None:
+                    done += self._record_step(tracks, finished, offset=g * size)
+        for g in range(n_groups):
+            if in_flight[g] is not None:
+                with sample_phase(self, "env_step"):
+                    new = env.finish_step(group=g)
+                finished = _Step(new, self._agent_states(new), *cast(tuple[Any, ...], in_flight[g]))
+                if finished.state_out is not None:
+                    self._recurrent_state[g] = initial_state_rows(
+                        rl_module, np.repeat(new.was_reset, n_agents), finished.state_out
+                    )
+                done += self._record_step(tracks, finished, offset=g * size)
         ongoing: list[MultiAgentEpisode] = []
         for e, pending in enumerate(tracks):
-            if pending is None or pending.steps == 0:
-                continue  # a finished or just-reset episode: nothing to return yet
+            if pending is None:
+                continue  # a finished episode
+            if pending.steps == 0:  # just reset: nothing to return yet (RLlib cuts it, though)
+                pending.carried_unstepped = True
+                continue
             chunk = self._chunk(pending, terminated=False, truncated=False)
             self._ongoing_episodes_for_metrics[chunk.id_].append(chunk)
             ongoing.append(chunk)
@@ -365,18 +345,88 @@ class SMAXVectorEnvRunner(AMPMultiAgentEnvRunner):
         self._log_fused_counts(env_ts, len(done))
         return done + ongoing
 
-    def _record_step(self, tracks: list[EnvTrack | None], step: _Step) -> list[MultiAgentEpisode]:
-        """Appends ``step`` to every env's track (a reset env starts a new one) and returns the
-        episodes it ended, as chunks (``on_episode_end`` called for each)."""
+    def _agent_states(self, batch: SMAXBatch) -> np.ndarray | None:
+        env = self.vector_env
+        return env.agent_states(batch) if env.settings.include_state else None
+
+    def _act_and_start(
+        self, group: int, batch: SMAXBatch, states: np.ndarray | None, *, explore: bool, env_ts: int
+    ) -> tuple[tuple[Any, ...], int]:
+        """One forward pass over all agents of ``group``'s envs, its actions handed to JAX
+        (:meth:`SMAXVectorEnv.start_step`). Returns what :class:`_Step` needs besides the
+        outcome, and the env steps this step counts (envs being reset do not count)."""
+        env, module_id = self.vector_env, self._module_id
+        rl_module = self.module[module_id]
+        n_envs, n_agents = batch.obs.shape[:2]
+        rows = n_envs * n_agents
+        obs = {
+            "observations": torch.from_numpy(batch.obs.reshape(rows, -1)),
+            "action_mask": torch.from_numpy(batch.avail.reshape(rows, -1)),
+        }
+        if states is not None:
+            obs["state"] = torch.from_numpy(states.reshape(rows, -1))
+        module_inputs: dict[str, Any] = {Columns.OBS: obs}
+        stateful = rl_module.is_stateful()
+        if stateful:
+            # RLlib's AddTimeDimToBatchAndZeroPad / AddStatesFromEpisodesToBatch: T=1.
+            module_inputs[Columns.OBS] = {k: v.unsqueeze(1) for k, v in obs.items()}
+            module_inputs[Columns.STATE_IN] = tree.map_structure(
+                torch.from_numpy, self._recurrent_state[group]
+            )
+        module_batch = {module_id: module_inputs}
+        dist_cls = (
+            rl_module.get_exploration_action_dist_cls()
+            if explore
+            else rl_module.get_inference_action_dist_cls()
+        )
+        with self.metrics.log_time(RLMODULE_INFERENCE_TIMER), sample_phase(self, "inference"):
+            if explore:
+                # RLlib's global step estimate (for exploration schedules).
+                runners = self.config.num_env_runners or 1
+                t = (self.num_env_steps_sampled_lifetime // runners + env_ts) * runners
+                out = self.module.forward_exploration(module_batch, t=t)
+            else:
+                out = self.module.forward_inference(module_batch)
+            # amp_inference's CastToFloat32: actions and logp from float32 logits.
+            module_out = to_float32(out[module_id])
+            logits = module_out[Columns.ACTION_DIST_INPUTS]
+            if stateful:  # RemoveSingleTsTimeRankFromBatch
+                logits = logits[:, 0]
+            dist = dist_cls.from_logits(logits)
+            if not explore:
+                dist = dist.to_deterministic()
+            actions = dist.sample()
+            logp = dist.logp(actions)
+        # RLlib's TensorToNumpy piece: the same conversion (int64 -> int32, float -> float32).
+        actions_np, logp_np, logits_np = convert_to_numpy((actions, logp, logits))
+        actions_np = actions_np.reshape(n_envs, n_agents)
+        state_out = convert_to_numpy(module_out[Columns.STATE_OUT]) if stateful else None
+        with sample_phase(self, "env_step"):
+            was_reset = env.start_step(actions_np, group=group)
+        step = (
+            actions_np,
+            logp_np.reshape(n_envs, n_agents),
+            logits_np.reshape(n_envs, n_agents, -1),
+            state_out,
+            self._weights_seq_no,
+        )
+        return step, n_envs - int(was_reset.sum())
+
+    def _record_step(
+        self, tracks: list[EnvTrack | None], step: _Step, *, offset: int
+    ) -> list[MultiAgentEpisode]:
+        """Appends ``step`` (of the envs ``offset, offset + 1, ...``) to their tracks (a reset
+        env starts a new one) and returns the episodes it ended, as chunks (``on_episode_end``
+        called for each)."""
         env, new, n_agents = self.vector_env, step.new, len(self.vector_env.possible_agents)
         done: list[MultiAgentEpisode] = []
         now = time.perf_counter()
-        for e in range(env.num_envs):
+        for e in range(new.was_reset.shape[0]):
             if new.was_reset[e]:
-                tracks[e] = self._new_track(new, step.states, e)
+                tracks[offset + e] = self._new_track(new, step.states, e)
                 continue
             # None only right after an episode ended, and then this env was reset above.
-            track = cast(EnvTrack, tracks[e])
+            track = cast(EnvTrack, tracks[offset + e])
             track.actions.append(step.actions[e])
             track.logp.append(step.logp[e])
             track.logits.append(step.logits[e])
@@ -398,7 +448,7 @@ class SMAXVectorEnvRunner(AMPMultiAgentEnvRunner):
                 episode = self._chunk(track, terminated=term, truncated=trunc)
                 done.append(episode)
                 self._on_episode_end(episode)
-                tracks[e] = None
+                tracks[offset + e] = None
         return done
 
     def _on_episode_end(self, episode: MultiAgentEpisode) -> None:

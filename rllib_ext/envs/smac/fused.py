@@ -134,6 +134,10 @@ class EnvTrack:
     """Recurrent modules only: the module's ``STATE_OUT`` per step, a (nested) dict of
     ``float32 [N, ...]`` arrays."""
     last_step_time: float | None = None
+    carried_unstepped: bool = False
+    """The episode was reset but not yet stepped when a ``sample()`` call ended. RLlib's loop
+    still ``cut()``s it, and that cut's env-to-agent time map starts with one ``"S"`` (skip)
+    lookback entry, which the chunk built from this track then carries too."""
 
     @property
     def steps(self) -> int:
@@ -241,11 +245,13 @@ def build_chunk(
             )
         )
     env_t_to_agent_t: defaultdict[str, InfiniteLookbackBuffer] = defaultdict(InfiniteLookbackBuffer)
+    # Every agent acts at every env step: agent time == env time.
+    agent_t: list[Any] = list(range(t0 - lookback, t0 + steps + 1))
+    t_lookback = lookback
+    if track.carried_unstepped and lookback == 0:
+        agent_t, t_lookback = ["S", *agent_t], 1
     for agent in agents:
-        # Every agent acts at every env step: agent time == env time.
-        env_t_to_agent_t[agent] = InfiniteLookbackBuffer(
-            list(range(t0 - lookback, t0 + steps + 1)), lookback=lookback
-        )
+        env_t_to_agent_t[agent] = InfiniteLookbackBuffer(list(agent_t), lookback=t_lookback)
     episode = MultiAgentEpisode.from_state(
         {
             "id_": track.episode_id,

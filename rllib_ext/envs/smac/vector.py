@@ -22,8 +22,8 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -117,19 +117,35 @@ class SMAXVectorEnv(VectorMultiAgentEnv):
             ``vector_index = 0 .. num_envs - 1`` get it.
         num_envs: number of battles ``E`` (>= 1).
         worker_index: the env runner's index (seeding, like ``EnvContext.worker_index``).
+        num_groups: ``G`` equal groups of ``E / G`` consecutive battles, each stepped by its own
+            compiled call (:meth:`start_step` / :meth:`finish_step` with ``group=g``), so a
+            sampler can run the policy for one group while JAX steps another. Per battle
+            nothing changes (same seeds, same key chains); ``group=None`` steps all groups.
 
     Raises:
-        ValueError: ``num_envs < 1`` or a backend other than SMAX.
+        ValueError: ``num_envs < 1``, ``num_groups`` not dividing ``num_envs``, or a backend
+            other than SMAX.
     """
 
     def __init__(
-        self, env_config: Mapping[str, Any] | None, *, num_envs: int, worker_index: int = 0
+        self,
+        env_config: Mapping[str, Any] | None,
+        *,
+        num_envs: int,
+        worker_index: int = 0,
+        num_groups: int = 1,
     ) -> None:
         super().__init__()
         if not isinstance(num_envs, int) or num_envs < 1:
             raise ValueError(
                 f"num_envs={num_envs!r} must be an integer >= 1. Fix: pass the number of "
                 "battles to step together, e.g. num_envs=64."
+            )
+        if not isinstance(num_groups, int) or num_groups < 1 or num_envs % num_groups:
+            raise ValueError(
+                f"num_groups={num_groups!r} must be an integer >= 1 that divides "
+                f"num_envs={num_envs}. Fix: pass 1 (one call for all battles) or a divisor of "
+                "num_envs, e.g. 2."
             )
         self.settings = SMACEnvSettings.from_env_config(env_config)
         if self.settings.backend != "smax":
@@ -139,6 +155,9 @@ class SMAXVectorEnv(VectorMultiAgentEnv):
                 "backends step one game per process through RLlib's own vector env)."
             )
         self.num_envs = num_envs
+        self.num_groups = num_groups
+        self.group_size = num_envs // num_groups
+        """Battles per group (``E / G``); group ``g`` holds battles ``g * group_size`` on."""
         self.spec_smax = SMAXBackend(self.settings, None).spec
         spec = self.spec_smax
         self._reset_fn, self._step_fn = _compile_batched(
@@ -163,12 +182,13 @@ class SMAXVectorEnv(VectorMultiAgentEnv):
         self._obs_end = spec.n_agents * spec.obs_dim
         self._state_end = self._obs_end + spec.state_dim
         self._avail_end = self._state_end + spec.n_agents * spec.n_actions
-        self._keys: Any = None
-        self._states: Any = None
+        # Per group: PRNG keys, SMAX states, the step handed to JAX, the latest batch.
+        self._keys: list[Any] = [None] * num_groups
+        self._states: list[Any] = [None] * num_groups
+        self._in_flight: list[tuple[Any, np.ndarray] | None] = [None] * num_groups
+        self._group_last: list[SMAXBatch | None] = [None] * num_groups
+        self._last: SMAXBatch | None = None
         self._autoreset = np.zeros(num_envs, dtype=bool)
-        self._in_flight: tuple[Any, np.ndarray] | None = None
-        self.last: SMAXBatch | None = None
-        """The latest :class:`SMAXBatch` (``None`` before the first reset)."""
         self.envs = [_SubEnvView(self, e) for e in range(num_envs)]
         """One read-only view per battle (spaces, agents), where RLlib's runner reads
         ``env.envs[i].unwrapped``; its action spaces sample that battle's legal actions."""
@@ -230,23 +250,66 @@ class SMAXVectorEnv(VectorMultiAgentEnv):
             was_reset=was_reset,
         )
 
+    @property
+    def last(self) -> SMAXBatch | None:
+        """The latest :class:`SMAXBatch` of all envs (``None`` before the first reset)."""
+        if self._last is None and all(b is not None for b in self._group_last):
+            batches = cast(list[SMAXBatch], self._group_last)
+            self._last = (
+                batches[0]
+                if len(batches) == 1
+                else SMAXBatch(
+                    **{
+                        f.name: np.concatenate([getattr(b, f.name) for b in batches])
+                        for f in fields(SMAXBatch)
+                    }
+                )
+            )
+        return self._last
+
+    def group_batch(self, group: int) -> SMAXBatch:
+        """The latest :class:`SMAXBatch` of group ``group`` (its ``group_size`` envs)."""
+        batch = self._group_last[group]
+        if batch is None:
+            raise ValueError("No batch yet. Fix: call reset_arrays() first.")
+        return batch
+
+    def _rows(self, group: int) -> slice:
+        return slice(group * self.group_size, (group + 1) * self.group_size)
+
+    def _groups(self, group: int | None) -> range:
+        if group is None:
+            return range(self.num_groups)
+        if not 0 <= group < self.num_groups:
+            raise ValueError(
+                f"group={group!r} is not one of 0..{self.num_groups - 1} (num_groups="
+                f"{self.num_groups}). Fix: pass a group index, or None for all envs."
+            )
+        return range(group, group + 1)
+
     def reset_arrays(self, *, seed: int | Sequence[int | None] | None = None) -> SMAXBatch:
         """Resets every env; keys are (re)seeded on the first call or when ``seed`` is given."""
-        if seed is not None or self._keys is None:
-            self._keys = self._initial_keys(seed)
-        self._keys, self._states, flat = self._reset_fn(self._keys)
-        self._in_flight = None
+        if seed is not None or self._keys[0] is None:
+            keys = self._initial_keys(seed)
+            self._keys = [keys[self._rows(g)] for g in range(self.num_groups)]
+        for g in range(self.num_groups):
+            self._keys[g], self._states[g], flat = self._reset_fn(self._keys[g])
+            self._group_last[g] = self._unpack(
+                np.asarray(flat), np.ones(self.group_size, dtype=bool)
+            )
+            self._in_flight[g] = None
+        self._last = None
         self._autoreset[:] = False
-        self.last = self._unpack(np.asarray(flat), np.ones(self.num_envs, dtype=bool))
-        return self.last
+        return cast(SMAXBatch, self.last)
 
-    def _reset_index(self) -> np.ndarray:
-        """``int32 [K]`` envs to auto-reset, padded with ``num_envs`` to K in {0, 8, E}."""
-        index = np.flatnonzero(self._autoreset).astype(np.int32)
+    def _reset_index(self, group: int) -> np.ndarray:
+        """``int32 [K]`` envs of ``group`` to auto-reset (indices within the group), padded with
+        ``group_size`` to K in {0, 8, group_size}."""
+        index = np.flatnonzero(self._autoreset[self._rows(group)]).astype(np.int32)
         if index.size == 0:
             return index
-        size = _RESET_BUCKET if index.size <= _RESET_BUCKET else self.num_envs
-        return np.pad(index, (0, size - index.size), constant_values=self.num_envs)
+        size = _RESET_BUCKET if index.size <= _RESET_BUCKET else self.group_size
+        return np.pad(index, (0, size - index.size), constant_values=self.group_size)
 
     def step_arrays(self, actions: np.ndarray) -> SMAXBatch:
         """Steps all envs with ``int [E, N]`` actions (ignored for envs being auto-reset).
@@ -256,28 +319,48 @@ class SMAXVectorEnv(VectorMultiAgentEnv):
         self.start_step(actions)
         return self.finish_step()
 
-    def start_step(self, actions: np.ndarray) -> None:
+    def start_step(self, actions: np.ndarray, *, group: int | None = None) -> np.ndarray:
         """The first half of :meth:`step_arrays`: hands the step to JAX, which runs it in its own
-        threads while the caller goes on; :meth:`finish_step` waits for it."""
-        if self._keys is None:
-            raise ValueError("step() called before reset(). Fix: call reset() first.")
-        if self._in_flight is not None:
-            raise ValueError("start_step() called twice. Fix: call finish_step() in between.")
-        was_reset = self._autoreset.copy()
-        self._keys, self._states, flat = self._step_fn(
-            self._keys, self._states, np.asarray(actions, dtype=np.int32), self._reset_index()
-        )
-        self._in_flight = (flat, was_reset)
+        threads while the caller goes on; :meth:`finish_step` waits for it.
 
-    def finish_step(self) -> SMAXBatch:
-        """The step :meth:`start_step` began, once JAX has finished it."""
-        if self._in_flight is None:
+        ``actions``: ``int [E, N]``, or ``[group_size, N]`` for one ``group``. Returns
+        ``was_reset bool [E]`` (or ``[group_size]``): the envs this step resets instead (their
+        actions are ignored), known before the step runs.
+        """
+        groups = self._groups(group)
+        if self._keys[0] is None:
+            raise ValueError("step() called before reset(). Fix: call reset() first.")
+        if any(self._in_flight[g] is not None for g in groups):
+            raise ValueError("start_step() called twice. Fix: call finish_step() in between.")
+        actions = np.asarray(actions, dtype=np.int32)
+        resets = []
+        for g in groups:
+            rows = self._rows(g)
+            was_reset = self._autoreset[rows].copy()
+            self._keys[g], self._states[g], flat = self._step_fn(
+                self._keys[g],
+                self._states[g],
+                actions if group is not None else actions[rows],
+                self._reset_index(g),
+            )
+            self._in_flight[g] = (flat, was_reset)
+            resets.append(was_reset)
+        return resets[0] if len(resets) == 1 else np.concatenate(resets)
+
+    def finish_step(self, *, group: int | None = None) -> SMAXBatch:
+        """The step :meth:`start_step` began (for ``group``, or all groups), once JAX has
+        finished it: the new batch of those envs."""
+        groups = self._groups(group)
+        if any(self._in_flight[g] is None for g in groups):
             raise ValueError("finish_step() without start_step(). Fix: call start_step() first.")
-        flat, was_reset = self._in_flight
-        self._in_flight = None
-        self.last = self._unpack(np.asarray(flat), was_reset)
-        self._autoreset = self.last.terminated | self.last.truncated
-        return self.last
+        for g in groups:
+            flat, was_reset = cast(tuple[Any, np.ndarray], self._in_flight[g])
+            self._in_flight[g] = None
+            batch = self._unpack(np.asarray(flat), was_reset)
+            self._group_last[g] = batch
+            self._autoreset[self._rows(g)] = batch.terminated | batch.truncated
+        self._last = None
+        return self.group_batch(group) if group is not None else cast(SMAXBatch, self.last)
 
     # ------------------------------------------------------------------ RLlib dict API
     def _observations(self, batch: SMAXBatch) -> list[dict[str, dict[str, np.ndarray]]]:
@@ -388,7 +471,7 @@ class SMAXVectorEnv(VectorMultiAgentEnv):
 
     @override(VectorMultiAgentEnv)
     def close_extras(self, **kwargs: Any) -> None:
-        self._states = None
+        self._states = [None] * self.num_groups
 
 
 class _SubEnvView:
