@@ -304,15 +304,8 @@ class SMAXVectorEnvRunner(AMPMultiAgentEnvRunner):
             for g in range(n_groups):
                 finished = None
                 if in_flight[g] is not None:
-                    with sample_phase(self, "env_step"):
-                        new = env.finish_step(group=g)
-                    batches[g], states[g] = new, self._agent_states(new)
-                    finished = _Step(new, states[g], *cast(tuple[Any, ...], in_flight[g]))
-                    if finished.state_out is not None:
-                        # Envs reset in this call start their episode from the initial state.
-                        self._recurrent_state[g] = initial_state_rows(
-                            rl_module, np.repeat(new.was_reset, n_agents), finished.state_out
-                        )
+                    finished = self._finish_group(g, cast(tuple[Any, ...], in_flight[g]))
+                    batches[g], states[g] = finished.new, finished.states
                 in_flight[g], stepped = self._act_and_start(
                     g, batches[g], states[g], explore=explore, env_ts=env_ts
                 )
@@ -322,13 +315,7 @@ class SMAXVectorEnvRunner(AMPMultiAgentEnvRunner):
                     done += self._record_step(tracks, finished, offset=g * size)
         for g in range(n_groups):
             if in_flight[g] is not None:
-                with sample_phase(self, "env_step"):
-                    new = env.finish_step(group=g)
-                finished = _Step(new, self._agent_states(new), *cast(tuple[Any, ...], in_flight[g]))
-                if finished.state_out is not None:
-                    self._recurrent_state[g] = initial_state_rows(
-                        rl_module, np.repeat(new.was_reset, n_agents), finished.state_out
-                    )
+                finished = self._finish_group(g, cast(tuple[Any, ...], in_flight[g]))
                 done += self._record_step(tracks, finished, offset=g * size)
         ongoing: list[MultiAgentEpisode] = []
         for e, pending in enumerate(tracks):
@@ -344,6 +331,22 @@ class SMAXVectorEnvRunner(AMPMultiAgentEnvRunner):
         self._done_episodes_for_metrics.extend(done)
         self._log_fused_counts(env_ts, len(done))
         return done + ongoing
+
+    def _finish_group(self, group: int, started: tuple[Any, ...]) -> _Step:
+        """Waits for ``group``'s step (``started``: what :meth:`_act_and_start` returned for it)
+        and returns it as a :class:`_Step`; recurrent modules: envs reset in this step start
+        their next episode from the initial state."""
+        with sample_phase(self, "env_step"):
+            new = self.vector_env.finish_step(group=group)
+        finished = _Step(new, self._agent_states(new), *started)
+        if finished.state_out is not None:
+            n_agents = len(self.vector_env.possible_agents)
+            self._recurrent_state[group] = initial_state_rows(
+                self.module[self._module_id],
+                np.repeat(new.was_reset, n_agents),
+                finished.state_out,
+            )
+        return finished
 
     def _agent_states(self, batch: SMAXBatch) -> np.ndarray | None:
         env = self.vector_env
