@@ -261,6 +261,58 @@ def test_runner_samples_episodes_equal_to_rllib_runner_semantics():
     runner.stop()
 
 
+def test_gc_paused_switches_the_collector_off_and_back():
+    """Off inside, on after (also after an exception); a collector already off stays off;
+    pause=False leaves it alone."""
+    import gc
+
+    from rllib_ext.envs.smac.fused import gc_paused
+
+    assert gc.isenabled()
+    with gc_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), gc_paused():
+        raise RuntimeError("boom")
+    assert gc.isenabled()
+    with gc_paused(False):
+        assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize("pause_gc", [True, False])
+def test_fused_sampling_pauses_the_gc_only_while_it_runs(pause_gc):
+    """The collector is off while the fused loop runs (seen from on_episode_end, which the loop
+    calls) with pause_gc (the default), on again when sample() returns; pause_gc=False: on
+    throughout."""
+    import gc
+
+    from ray.rllib.callbacks.callbacks import RLlibCallback
+
+    seen: list[bool] = []
+
+    class _Probe(RLlibCallback):
+        def on_episode_end(self, **kwargs):
+            seen.append(gc.isenabled())
+
+    config = _config(num_envs=3, seed=0, smax_options={"max_steps": 10}).callbacks(_Probe)
+    config.validate()
+    runner = SMAXVectorEnvRunner(config=config)
+    runner.pause_gc = pause_gc
+    assert SMAXVectorEnvRunner.pause_gc is True
+    runner.sample(num_timesteps=60, explore=True)
+    assert runner.get_metrics()["smax_fused_sampling"].peek() == 1.0
+    assert seen and set(seen) == {not pause_gc}
+    assert gc.isenabled()
+    runner.stop()
+
+
 @pytest.mark.slow
 def test_build_algo_train_uses_batched_runner_on_remote_env_runner(ray_session):
     """Two iterations through build_algo()/train() with one remote env runner."""
@@ -295,6 +347,8 @@ def test_build_algo_train_uses_batched_runner_on_remote_env_runner(ray_session):
 def _assert_buffers_equal(ours, theirs, where):
     """InfiniteLookbackBuffer contents (data incl. lookback) equal, floats to 1e-5."""
     assert ours.lookback == theirs.lookback, where
+    assert ours.finalized == theirs.finalized, (where, "finalized")
+    assert ours.space == theirs.space, (where, "space", ours.space, theirs.space)
     a, b = ours.data, theirs.data
     if isinstance(b, dict):
         assert a.keys() == b.keys(), where
@@ -384,11 +438,19 @@ def test_fused_sampling_returns_the_episodes_rllibs_loop_returns(
             assert ep.agent_episodes.keys() == ref_ep.agent_episodes.keys()
             for aid, sa in ep.agent_episodes.items():
                 ref_sa = ref_ep.agent_episodes[aid]
-                assert (sa.t_started, sa.t, sa.module_id) == (
+                assert (sa.t_started, sa.t, sa.module_id, sa.agent_id) == (
                     ref_sa.t_started,
                     ref_sa.t,
                     ref_sa.module_id,
+                    ref_sa.agent_id,
                 ), where
+                assert sa.multi_agent_episode_id == ep.id_, where
+                assert ref_sa.multi_agent_episode_id == ref_ep.id_, where
+                assert (sa.observation_space, sa.action_space) == (
+                    ref_sa.observation_space,
+                    ref_sa.action_space,
+                ), where
+                assert type(sa.extra_model_outputs) is type(ref_sa.extra_model_outputs), where
                 for name in ("observations", "actions", "rewards", "infos"):
                     _assert_buffers_equal(
                         getattr(sa, name), getattr(ref_sa, name), f"{where} {aid} {name}"

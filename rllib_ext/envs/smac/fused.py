@@ -27,23 +27,33 @@ env steps. Otherwise the runner falls back to RLlib's loop.
 
 from __future__ import annotations
 
+import gc
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import tree
 from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.core.columns import Columns
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
+from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 from ray.rllib.env.utils.infinite_lookback_buffer import InfiniteLookbackBuffer
 from ray.rllib.utils.numpy import convert_to_numpy
 
 from rllib_ext.env_runners import CastToFloat32
 from rllib_ext.profiling.env_runner import PipelineMark
 
-__all__ = ["EnvTrack", "build_chunk", "fused_sampling_applies", "initial_state_rows"]
+__all__ = [
+    "EnvTrack",
+    "build_chunk",
+    "fused_sampling_applies",
+    "gc_paused",
+    "initial_state_rows",
+]
 
 _DEFAULT_ENV_TO_MODULE = (
     "AddObservationsFromEpisodesToBatch",
@@ -166,9 +176,8 @@ class EnvTrack:
         )
 
 
-def _buffer(data: Any, lookback: int, *, finalized: bool = True) -> dict[str, Any]:
-    """An ``InfiniteLookbackBuffer`` state (spaces are set afterwards, see build_chunk)."""
-    return {"data": data, "lookback": lookback, "finalized": finalized, "space": None}
+REWARD_SPACE = gym.spaces.Box(float("-inf"), float("inf"), (), np.float32)
+"""The space ``SingleAgentEpisode`` gives a rewards buffer it builds from a list (RLlib's loop)."""
 
 
 def build_chunk(
@@ -184,8 +193,10 @@ def build_chunk(
 ) -> MultiAgentEpisode:
     """The numpy'd ``MultiAgentEpisode`` chunk RLlib's loop would have returned for ``track``.
 
-    Built from per-agent array slices through RLlib's public ``MultiAgentEpisode.from_state``
-    (the state layout of ``get_state()``), so the cost is per chunk and agent, not per step.
+    Each agent's ``SingleAgentEpisode`` comes from RLlib's public constructor with ready
+    ``InfiniteLookbackBuffer``s over per-agent array slices; the multi-agent episode from
+    ``MultiAgentEpisode.from_state`` (the state layout of ``get_state()``) with those agent
+    episodes. The cost is per chunk and agent, not per step.
     """
     lookback = track.lookback
     steps = track.steps
@@ -204,45 +215,38 @@ def build_chunk(
         if track.state_out
         else None
     )
-    agent_states = []
+    agent_episodes: dict[str, SingleAgentEpisode] = {}
     for i, agent in enumerate(agents):
         observations = {"observations": obs[:, i], "action_mask": avail[:, i]}
         if state is not None:
             observations["state"] = state[:, i]
         extra_model_outputs = {
-            Columns.ACTION_DIST_INPUTS: _buffer(logits[:, i], lookback),
-            Columns.ACTION_LOGP: _buffer(logp[:, i], lookback),
-            "weights_seq_no": _buffer(seq_no.copy(), lookback),
+            Columns.ACTION_DIST_INPUTS: InfiniteLookbackBuffer(logits[:, i], lookback),
+            Columns.ACTION_LOGP: InfiniteLookbackBuffer(logp[:, i], lookback),
+            "weights_seq_no": InfiniteLookbackBuffer(seq_no.copy(), lookback),
         }
         if state_out is not None:
-            extra_model_outputs[Columns.STATE_OUT] = _buffer(
+            extra_model_outputs[Columns.STATE_OUT] = InfiniteLookbackBuffer(
                 tree.map_structure(lambda x, i=i: x[:, i], state_out), lookback
             )
-        agent_states.append(
-            (
-                agent,
-                {
-                    "id_": track.agent_episode_ids[agent],
-                    "agent_id": agent,
-                    "module_id": module_id,
-                    "multi_agent_episode_id": track.episode_id,
-                    "observations": _buffer(observations, lookback),
-                    "actions": _buffer(actions[:, i], lookback),
-                    "rewards": _buffer(rewards.copy(), lookback),
-                    "infos": _buffer(
-                        [dict(info) for info in track.infos], lookback, finalized=False
-                    ),
-                    "extra_model_outputs": extra_model_outputs,
-                    "is_terminated": terminated,
-                    "is_truncated": truncated,
-                    "t_started": t0,
-                    "t": t0 + steps,
-                    "_observation_space": None,
-                    "_action_space": None,
-                    "_start_time": None,
-                    "_last_step_time": None,
-                },
-            )
+        # RLlib's public constructor with ready buffers (an ndarray/dict buffer is finalized,
+        # the infos list is not), as ``to_numpy()`` leaves the loop's episodes.
+        agent_episodes[agent] = SingleAgentEpisode(
+            track.agent_episode_ids[agent],
+            observations=InfiniteLookbackBuffer(observations, lookback),
+            observation_space=observation_space[agent],
+            infos=InfiniteLookbackBuffer([dict(info) for info in track.infos], lookback),
+            actions=InfiniteLookbackBuffer(actions[:, i], lookback),
+            action_space=action_space[agent],
+            rewards=InfiniteLookbackBuffer(rewards.copy(), lookback, space=REWARD_SPACE),
+            terminated=terminated,
+            truncated=truncated,
+            extra_model_outputs=extra_model_outputs,
+            t_started=t0,
+            len_lookback_buffer=lookback,
+            agent_id=agent,
+            module_id=module_id,
+            multi_agent_episode_id=track.episode_id,
         )
     env_t_to_agent_t: defaultdict[str, InfiniteLookbackBuffer] = defaultdict(InfiniteLookbackBuffer)
     # Every agent acts at every env step: agent time == env time.
@@ -269,17 +273,13 @@ def build_chunk(
             "_hanging_rewards_begin": defaultdict(float),
             "is_terminated": terminated,
             "is_truncated": truncated,
-            "agent_episodes": agent_states,
+            "agent_episodes": [],
             "_start_time": track.start_time,
             "_last_step_time": track.last_step_time,
             "custom_data": {},
         }
     )
-    # Spaces through the episodes' public setters (they also set the buffers' spaces); passing
-    # them in the state would rebuild every gym space from a dict, per agent and chunk.
-    for agent, agent_episode in episode.agent_episodes.items():
-        agent_episode.observation_space = observation_space[agent]
-        agent_episode.action_space = action_space[agent]
+    episode.agent_episodes = agent_episodes
     return episode
 
 
@@ -300,3 +300,23 @@ def initial_state_rows(rl_module: Any, reset_rows: np.ndarray, state: Any) -> An
         return x
 
     return tree.map_structure(reset, state, initial)
+
+
+@contextmanager
+def gc_paused(pause: bool = True) -> Iterator[None]:
+    """Python's cyclic garbage collector off inside the block (``pause``), back on after it.
+
+    The fused loop allocates many small objects (per-step array views, per-chunk buffers), which
+    triggers collections that scan every live object, including the call's episode tracks.
+    Reference counting still frees everything without cycles; a cycle made inside the block is
+    collected by the first collection after it. A collector the caller has switched off stays
+    off.
+    """
+    if not pause or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
