@@ -38,7 +38,11 @@ as training asks a local env runner (RLlib's ``rollout_fragment_length="auto"``)
 ``env-only``: the batched, jitted SMAX step alone (random legal actions
 from numpy, no module, no episodes), the ceiling for any sampling path over the same battles,
 and ``fused-train-call-bf16``: ``fused-train-call`` with ``amp="bf16", amp_inference=True`` (the
-forward under bf16 autocast; fast only with native bf16, e.g. AVX512-BF16).
+forward under bf16 autocast; fast only with native bf16, e.g. AVX512-BF16), and
+``fused-recipe-call`` / ``fused-recipe-call-bf16``: the same two with the module the presets
+and the ``fused-recipe`` rows train ([256, 256] ReLU, central critic, value normalization,
+death masking) instead of RLlib's default model config ([256, 256] tanh; tanh costs as much as
+a 256x256 layer on this CPU).
 
 Run (2-core machine: serialise CPU-heavy jobs)::
 
@@ -105,6 +109,18 @@ def _config(map_name: str, num_envs: int, path: str, seed: int, num_env_runners:
     return config
 
 
+def _with_module(config: Any, model: dict[str, Any]) -> Any:
+    """``config`` with the masked module of a ``TRAIN_SETTINGS`` row (``model``: its extra
+    model_config keys; [256, 256] ReLU as the presets)."""
+    from rllib_ext.modules import smac_module_spec
+
+    model = {"fcnet_hiddens": [256, 256], "fcnet_activation": "relu", **model}
+    return config.rl_module(
+        rl_module_spec=smac_module_spec(central_critic=model.pop("central_critic", False)),
+        model_config=model,
+    )
+
+
 _PHASES = ("sample", "env_step", "inference")
 """Phases the profiling runner times in the fused loop (``rllib_ext.profiling.env_runner``)."""
 
@@ -117,10 +133,13 @@ def measure_sampling(
     seconds: float,
     steps_per_env: int = 16,
     training: dict[str, Any] | None = None,
+    model: dict[str, Any] | None = None,
     phases: bool = False,
 ) -> dict[str, Any]:
     """``{"rate": env steps per second}`` of ``EnvRunner.sample(num_timesteps=num_envs *
-    steps_per_env)`` (warm: compiled, episodes running); ``training``: extra ``.training()`` keys.
+    steps_per_env)`` (warm: compiled, episodes running); ``training``: extra ``.training()`` keys;
+    ``model``: the module of a ``TRAIN_SETTINGS`` row (see ``_with_module``; ``None``: RLlib's
+    default model config, [256, 256] tanh, no central critic).
 
     ``phases``: the runner is ``rllib-ext profile``'s timing subclass and the result also holds
     ``"ms_per_step"``: milliseconds per step of all battles for ``env_step`` (handing the step to
@@ -131,6 +150,8 @@ def measure_sampling(
     from rllib_ext.profiling.env_runner import PROFILE_KEY, EnvRunnerTimers, timed_subclass
 
     config = _config(map_name, num_envs, path, seed=0).training(**(training or {}))
+    if model is not None:
+        config = _with_module(config, model)
     runner_cls = config.env_runner_cls
     runner = (timed_subclass(EnvRunnerTimers, runner_cls) if phases else runner_cls)(config=config)
     if path == "batched":
@@ -182,8 +203,6 @@ def measure_env_only(map_name: str, *, num_envs: int, seconds: float) -> float:
 
 def measure_train(map_name: str, *, settings: str, iters: int) -> dict[str, float]:
     """Env steps per second of ``algo.train()`` over ``iters`` iterations after a warm-up one."""
-    from rllib_ext.modules import smac_module_spec
-
     spec = TRAIN_SETTINGS[settings]
     config = _config(
         map_name,
@@ -192,11 +211,7 @@ def measure_train(map_name: str, *, settings: str, iters: int) -> dict[str, floa
         seed=0,
         num_env_runners=spec.get("num_env_runners", 1),
     )
-    model = {"fcnet_hiddens": [256, 256], "fcnet_activation": "relu", **spec.get("model", {})}
-    config.rl_module(
-        rl_module_spec=smac_module_spec(central_critic=model.pop("central_critic", False)),
-        model_config=model,
-    ).training(
+    _with_module(config, spec.get("model", {})).training(
         train_batch_size_per_learner=spec["train_batch_size"],
         minibatch_size=spec["minibatch_size"],
         num_epochs=spec["num_epochs"],
@@ -239,10 +254,11 @@ def main() -> None:
     parser.add_argument("--skip-train", action="store_true")
     parser.add_argument(
         "--fused-groups",
-        type=int,
-        default=1,
+        type=lambda v: v if v == "auto" else int(v),
+        default="auto",
         help="SMAXVectorEnvRunner.fused_groups for the fused columns: groups of battles the loop "
-        "alternates between, so the policy runs for one group while JAX steps another",
+        "alternates between, so the policy runs for one group while JAX steps another ('auto', "
+        "the runner's default: 2 for large batches, else 1)",
     )
     parser.add_argument(
         "--phases",
@@ -281,9 +297,11 @@ def main() -> None:
             for path in ("rllib", "batched", "fused")
         }
         phase_ms: dict[str, Any] = {}
-        for column, training in (
-            ("fused-train-call", None),
-            ("fused-train-call-bf16", _AMP_INFERENCE),
+        for column, training, model in (
+            ("fused-train-call", None, None),
+            ("fused-train-call-bf16", _AMP_INFERENCE, None),
+            ("fused-recipe-call", None, _RECIPE["model"]),
+            ("fused-recipe-call-bf16", _AMP_INFERENCE, _RECIPE["model"]),
         ):
             measured = measure_sampling(
                 map_name,
@@ -292,6 +310,7 @@ def main() -> None:
                 seconds=args.sample_seconds,
                 steps_per_env=max(1, _RECIPE["train_batch_size"] // args.num_envs),
                 training=training,
+                model=model,
                 phases=args.phases,
             )
             rates[column] = measured["rate"]
@@ -310,6 +329,8 @@ def main() -> None:
             f"fused {rates['fused']:8.0f} ({rates['fused'] / rates['rllib']:.1f}x)  "
             f"fused-train-call {rates['fused-train-call']:8.0f}  "
             f"(bf16 forward {rates['fused-train-call-bf16']:8.0f})  "
+            f"fused-recipe-call {rates['fused-recipe-call']:8.0f}  "
+            f"(bf16 forward {rates['fused-recipe-call-bf16']:8.0f})  "
             f"env-only {rates['env-only']:8.0f} env steps/s",
             flush=True,
         )

@@ -144,8 +144,10 @@ def test_bad_input_is_rejected_with_the_fix():
     with pytest.raises(ValueError, match=r"start_step\(\) called twice"):
         vector.start_step(stop)
     assert vector.finish_step() is vector.last
-    with pytest.raises(ValueError, match="num_groups=3 must be an integer >= 1 that divides"):
+    with pytest.raises(ValueError, match="num_groups=3 must be 'auto' or an integer >= 1 that"):
         SMAXVectorEnv({"backend": "smax", "map_name": "3m"}, num_envs=4, num_groups=3)
+    with pytest.raises(ValueError, match="num_groups='two' must be 'auto' or an integer"):
+        SMAXVectorEnv({"backend": "smax", "map_name": "3m"}, num_envs=4, num_groups="two")
     with pytest.raises(ValueError, match=r"group=1 is not one of 0\.\.0 \(num_groups=1\)"):
         vector.start_step(stop, group=1)
 
@@ -179,6 +181,26 @@ def test_groups_step_each_battle_as_one_call_does():
         parts = grouped.last
         resets += int(batch.was_reset.sum())
     assert resets >= 4  # every battle ended (20-step limit) and was reset at least once
+
+
+@pytest.mark.parametrize(
+    ("map_name", "num_envs", "groups"),
+    [("3s5z_vs_3s6z", 64, 2), ("3m", 64, 1), ("3m", 256, 2), ("3s5z_vs_3s6z", 65, 1)],
+)
+def test_auto_groups_split_only_large_even_batches(map_name, num_envs, groups):
+    """num_groups="auto": 2 groups from AUTO_GROUP_ROWS agent rows on (3s5z_vs_3s6z has 8
+    agents, 3m 3), 1 below it or for an odd battle count."""
+    from rllib_ext.envs.smac.vector import AUTO_GROUP_ROWS, auto_num_groups
+
+    env = SMAXVectorEnv(
+        {"backend": "smax", "map_name": map_name}, num_envs=num_envs, num_groups="auto"
+    )
+    assert env.num_groups == groups == auto_num_groups(num_envs, env.spec_smax.n_agents)
+    assert env.group_size * groups == num_envs
+    assert (num_envs * env.spec_smax.n_agents >= AUTO_GROUP_ROWS) == (
+        groups == 2 or num_envs % 2 == 1
+    )
+    assert SMAXVectorEnvRunner.fused_groups == "auto"
 
 
 def test_sub_env_action_spaces_sample_legal_actions():
@@ -416,7 +438,8 @@ def test_fused_sampling_returns_the_episodes_rllibs_loop_returns(
     )
     assert ours_config.env_runner_cls is SMAXVectorEnvRunner
     ours = runner_cls(config=ours_config)
-    assert ours.vector_env.num_groups == runner_cls.fused_groups
+    # "auto" (the default) keeps 4 battles of 3m (12 agent rows) in one group.
+    assert ours.vector_env.num_groups == {"auto": 1}.get(runner_cls.fused_groups, 2)
     theirs = theirs_config.env_runner_cls(config=theirs_config)
     assert ours.module["shared_policy"].is_stateful() == bool(model_config)
     ours.module.set_state(theirs.module.get_state())

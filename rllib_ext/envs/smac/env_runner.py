@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import Any, NamedTuple, cast
+from typing import Any, Literal, NamedTuple, cast
 
 import numpy as np
 import torch
@@ -128,10 +128,11 @@ class SMAXVectorEnvRunner(AMPMultiAgentEnvRunner):
     """The fused loop runs with Python's cyclic garbage collector paused (:func:`gc_paused`);
     its collections over the call's live episode tracks cost about 14% of the loop on
     3s5z_vs_3s6z (benchmarks/README.md). False: the collector runs as configured."""
-    fused_groups: int = 1
+    fused_groups: int | Literal["auto"] = "auto"
     """Groups of battles the fused loop alternates between (:class:`SMAXVectorEnv`'s
-    ``num_groups``): while JAX steps one group, the policy runs for the next. Set before the env
-    is built (class or instance attribute; ``make_env()`` rebuilds)."""
+    ``num_groups``): while JAX steps one group, the policy runs for the next. ``"auto"``: 2 for
+    large batches (:data:`rllib_ext.envs.smac.vector.AUTO_GROUP_ROWS`), else 1. Set before the
+    env is built (class or instance attribute; ``make_env()`` rebuilds)."""
     env: SMAXVectorEnv | None
 
     @override(AMPMultiAgentEnvRunner)

@@ -201,17 +201,19 @@ def build_chunk(
     lookback = track.lookback
     steps = track.steps
     t0 = track.env_t_started
-    obs = np.stack(track.obs)  # [L + T + 1, N, obs_dim]
-    avail = np.stack(track.avail)  # [L + T + 1, N, A]
-    state = np.stack(track.state) if track.state else None  # [L + T + 1, N, D]
-    actions = np.stack(track.actions)  # [L + T, N] int32
-    logp = np.stack(track.logp)  # [L + T, N]
-    logits = np.stack(track.logits)  # [L + T, N, A]
+    # np.array over a list of same-shape arrays stacks them like np.stack, with less overhead
+    # per element.
+    obs = np.array(track.obs)  # [L + T + 1, N, obs_dim]
+    avail = np.array(track.avail)  # [L + T + 1, N, A]
+    state = np.array(track.state) if track.state else None  # [L + T + 1, N, D]
+    actions = np.array(track.actions)  # [L + T, N] int32
+    logp = np.array(track.logp)  # [L + T, N]
+    logits = np.array(track.logits)  # [L + T, N, A]
     rewards = np.asarray(track.rewards, dtype=np.float64)  # [L + T]
     seq_no = np.asarray(track.weights_seq_no, dtype=np.int64)  # [L + T]
     # Recurrent modules: a (nested) dict of [L + T, N, ...] arrays.
     state_out = (
-        tree.map_structure(lambda *steps: np.stack(steps), *track.state_out)
+        tree.map_structure(lambda *steps: np.array(steps), *track.state_out)
         if track.state_out
         else None
     )

@@ -23,7 +23,7 @@ import logging
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import gymnasium as gym
 import numpy as np
@@ -108,6 +108,21 @@ def _compile_batched(map_name: str, options: Mapping[str, Any]) -> tuple[Any, An
     return compiled
 
 
+AUTO_GROUP_ROWS = 512
+"""``num_groups="auto"`` splits the battles into 2 groups when all battles together hold at least
+this many agent rows (``num_envs * agents``) and ``num_envs`` is even, else keeps 1 group.
+
+Two groups let the policy's forward for one group run while JAX steps the other. On a 2-core
+CPU (benchmarks/README.md, "Groups of battles") that paid on 3s5z_vs_3s6z with 64 battles (512
+rows: 1.03-1.45x in 11 paired runs) and not on 3m with 64 battles (192 rows: 0.85-1.01x in 5),
+whose forward is too short to hide the step behind."""
+
+
+def auto_num_groups(num_envs: int, num_agents: int) -> int:
+    """The group count ``num_groups="auto"`` picks (see :data:`AUTO_GROUP_ROWS`)."""
+    return 2 if num_envs % 2 == 0 and num_envs * num_agents >= AUTO_GROUP_ROWS else 1
+
+
 class SMAXVectorEnv(VectorMultiAgentEnv):
     """``num_envs`` SMAX battles in one compiled call; see the module docstring.
 
@@ -121,6 +136,7 @@ class SMAXVectorEnv(VectorMultiAgentEnv):
             compiled call (:meth:`start_step` / :meth:`finish_step` with ``group=g``), so a
             sampler can run the policy for one group while JAX steps another. Per battle
             nothing changes (same seeds, same key chains); ``group=None`` steps all groups.
+            ``"auto"``: :func:`auto_num_groups` (2 for large batches, else 1).
 
     Raises:
         ValueError: ``num_envs < 1``, ``num_groups`` not dividing ``num_envs``, or a backend
@@ -133,7 +149,7 @@ class SMAXVectorEnv(VectorMultiAgentEnv):
         *,
         num_envs: int,
         worker_index: int = 0,
-        num_groups: int = 1,
+        num_groups: int | Literal["auto"] = 1,
     ) -> None:
         super().__init__()
         if not isinstance(num_envs, int) or num_envs < 1:
@@ -141,11 +157,13 @@ class SMAXVectorEnv(VectorMultiAgentEnv):
                 f"num_envs={num_envs!r} must be an integer >= 1. Fix: pass the number of "
                 "battles to step together, e.g. num_envs=64."
             )
-        if not isinstance(num_groups, int) or num_groups < 1 or num_envs % num_groups:
+        if num_groups != "auto" and (
+            not isinstance(num_groups, int) or num_groups < 1 or num_envs % num_groups
+        ):
             raise ValueError(
-                f"num_groups={num_groups!r} must be an integer >= 1 that divides "
-                f"num_envs={num_envs}. Fix: pass 1 (one call for all battles) or a divisor of "
-                "num_envs, e.g. 2."
+                f"num_groups={num_groups!r} must be 'auto' or an integer >= 1 that divides "
+                f"num_envs={num_envs}. Fix: pass 'auto', 1 (one call for all battles) or a "
+                "divisor of num_envs, e.g. 2."
             )
         self.settings = SMACEnvSettings.from_env_config(env_config)
         if self.settings.backend != "smax":
@@ -155,11 +173,13 @@ class SMAXVectorEnv(VectorMultiAgentEnv):
                 "backends step one game per process through RLlib's own vector env)."
             )
         self.num_envs = num_envs
-        self.num_groups = num_groups
-        self.group_size = num_envs // num_groups
-        """Battles per group (``E / G``); group ``g`` holds battles ``g * group_size`` on."""
         self.spec_smax = SMAXBackend(self.settings, None).spec
         spec = self.spec_smax
+        self.num_groups = (
+            auto_num_groups(num_envs, spec.n_agents) if num_groups == "auto" else num_groups
+        )
+        self.group_size = num_envs // self.num_groups
+        """Battles per group (``E / G``); group ``g`` holds battles ``g * group_size`` on."""
         self._reset_fn, self._step_fn = _compile_batched(
             self.settings.map_name, dict(self.settings.smax_options)
         )
@@ -183,10 +203,10 @@ class SMAXVectorEnv(VectorMultiAgentEnv):
         self._state_end = self._obs_end + spec.state_dim
         self._avail_end = self._state_end + spec.n_agents * spec.n_actions
         # Per group: PRNG keys, SMAX states, the step handed to JAX, the latest batch.
-        self._keys: list[Any] = [None] * num_groups
-        self._states: list[Any] = [None] * num_groups
-        self._in_flight: list[tuple[Any, np.ndarray] | None] = [None] * num_groups
-        self._group_last: list[SMAXBatch | None] = [None] * num_groups
+        self._keys: list[Any] = [None] * self.num_groups
+        self._states: list[Any] = [None] * self.num_groups
+        self._in_flight: list[tuple[Any, np.ndarray] | None] = [None] * self.num_groups
+        self._group_last: list[SMAXBatch | None] = [None] * self.num_groups
         self._last: SMAXBatch | None = None
         self._autoreset = np.zeros(num_envs, dtype=bool)
         self.envs = [_SubEnvView(self, e) for e in range(num_envs)]
@@ -471,7 +491,8 @@ class SMAXVectorEnv(VectorMultiAgentEnv):
 
     @override(VectorMultiAgentEnv)
     def close_extras(self, **kwargs: Any) -> None:
-        self._states = [None] * self.num_groups
+        # Also runs (from gymnasium's __del__) for an env whose __init__ raised.
+        self._states = [None] * len(getattr(self, "_states", ()))
 
 
 class _SubEnvView:
