@@ -362,6 +362,7 @@ def test_build_algo_train_uses_batched_runner_on_remote_env_runner(ray_session):
     runners = result["env_runners"]
     assert runners["smax_batched_envs"] == 4
     assert runners["smax_fused_sampling"] == 1.0
+    assert runners["smax_fused_groups"] == 1  # "auto": 4 battles of 3m stay one group
     assert runners["num_env_steps_sampled_lifetime"] >= 256
     assert "win_rate" in runners
 
@@ -488,6 +489,7 @@ def test_fused_sampling_returns_the_episodes_rllibs_loop_returns(
                 )
     ours_metrics, theirs_metrics = ours.get_metrics(), theirs.get_metrics()
     assert ours_metrics["smax_fused_sampling"].peek() == 1.0
+    assert ours_metrics["smax_fused_groups"].peek() == ours.vector_env.num_groups
     keys = ("num_env_steps_sampled_lifetime", "num_episodes_lifetime", "episode_return_mean")
     keys += ("episode_len_mean", "win_rate", "timeout_rate", "num_module_steps_sampled_lifetime")
     keys += ("num_agent_steps_sampled_lifetime",)

@@ -6,7 +6,8 @@ when the env is SMAC on the SMAX backend and ``num_envs_per_env_runner > 1``: th
 ``SyncVectorMultiAgentEnv`` loop over ``SMACEnv`` copies. Everything else (episodes,
 connectors, callbacks, metrics) is RLlib's. StarCraft II backends keep RLlib's runner.
 
-Visible in the results as ``env_runners/smax_batched_envs`` (battles per compiled call).
+Visible in the results as ``env_runners/smax_batched_envs`` (battles per compiled call) and
+``env_runners/smax_fused_groups`` (groups of battles the fused loop alternates between).
 ``amp_inference=True`` keeps this runner: it is an ``AMPMultiAgentEnvRunner`` (the forward runs
 under the learner's autocast dtype, its outputs cast back to float32 before actions and
 ``action_logp`` are computed).
@@ -68,6 +69,8 @@ SMAX_BATCHED_METRIC = "smax_batched_envs"
 """``env_runners/<this>``: battles stepped per compiled call (0: not the batched path)."""
 SMAX_FUSED_METRIC = "smax_fused_sampling"
 """``env_runners/<this>``: 1 when the last ``sample()`` ran the array-speed path."""
+SMAX_GROUPS_METRIC = "smax_fused_groups"
+"""``env_runners/<this>``: groups of battles the fused loop alternates between."""
 
 
 def use_smax_vector_env_runner(config: AlgorithmConfig) -> bool:
@@ -197,6 +200,7 @@ class SMAXVectorEnvRunner(AMPMultiAgentEnvRunner):
         episodes = super().sample(*args, **kwargs)
         self.metrics.log_value(SMAX_BATCHED_METRIC, self.num_envs, window=1)
         self.metrics.log_value(SMAX_FUSED_METRIC, float(self._fused_last), window=1)
+        self.metrics.log_value(SMAX_GROUPS_METRIC, self.vector_env.num_groups, window=1)
         return episodes
 
     @override(MultiAgentEnvRunner)
