@@ -6,10 +6,11 @@ env step of 8 agents here, before the env and the forward pass). This module kee
 arrays instead: one forward pass over all agents of all envs (``[E * N]`` rows), the action
 distribution sampled once, the vector env stepped with an ``int [E, N]`` array, and per env
 Python lists of array views. Episode chunks are built from per-agent array slices through
-RLlib's ``MultiAgentEpisode.from_state`` (its ``get_state()`` layout), so the learner receives the
-same numpy'd objects (same columns: observations, actions, rewards, infos, ``action_dist_inputs``,
-``action_logp``, ``weights_seq_no``; terminated/truncated; ids and ``env_t_started`` continuing
-across ``sample()`` calls; a one-step lookback on continued chunks like ``cut()``).
+RLlib's public ``SingleAgentEpisode`` constructor and ``MultiAgentEpisode.from_state`` (its
+``get_state()`` layout), so the learner receives the same numpy'd objects (same columns:
+observations, actions, rewards, infos, ``action_dist_inputs``, ``action_logp``,
+``weights_seq_no``; terminated/truncated; ids and ``env_t_started`` continuing across
+``sample()`` calls; a one-step lookback on continued chunks like ``cut()``).
 
 A recurrent (stateful) module gets what RLlib's ``AddTimeDimToBatchAndZeroPad`` /
 ``AddStatesFromEpisodesToBatch`` / ``RemoveSingleTsTimeRankFromBatch`` give it: inputs with a
