@@ -246,7 +246,6 @@ def build_chunk(
             truncated=truncated,
             extra_model_outputs=extra_model_outputs,
             t_started=t0,
-            len_lookback_buffer=lookback,
             agent_id=agent,
             module_id=module_id,
             multi_agent_episode_id=track.episode_id,
