@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import time
+from collections import defaultdict
+
 import numpy as np
 import pytest
 
 pytest.importorskip("jaxmarl", reason='SMAX backend needs jaxmarl: pip install "rllib-ext[smax]"')
 
+from ray.rllib.callbacks.callbacks import RLlibCallback  # noqa: E402
 from ray.rllib.env.env_context import EnvContext  # noqa: E402
 from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner  # noqa: E402
 
@@ -392,6 +396,15 @@ class _TwoGroupRunner(SMAXVectorEnvRunner):
     fused_groups = 2
 
 
+_ENDED_AT: dict[int, list[int]] = defaultdict(list)
+"""``id(env_runner)`` -> the ``env_index`` of each ``on_episode_end`` call it made."""
+
+
+class _EndIndexProbe(RLlibCallback):
+    def on_episode_end(self, *, env_runner, env_index, **kwargs):
+        _ENDED_AT[id(env_runner)].append(env_index)
+
+
 @pytest.mark.parametrize(
     ("state_config", "model_config", "training", "runner_cls"),
     [
@@ -422,7 +435,9 @@ def test_fused_sampling_returns_the_episodes_rllibs_loop_returns(
     same bf16 forward and float32 outputs as rllib_ext's AMPMultiAgentEnvRunner over RLlib's loop.
     Two groups (fused_groups=2): the pipelined loop returns the same episodes too. Four battles,
     so some episode is reset on the last step of a call (RLlib cuts it anyway: its next chunk's
-    env-to-agent time map starts with an "S" lookback entry)."""
+    env-to-agent time map starts with an "S" lookback entry). Both report the same env_index
+    to on_episode_end, and a chunk's clock starts at its first step in the call (its duration never
+    counts the time between sample() calls)."""
     env_config = {
         "map_name": "3m",
         **state_config,
@@ -433,11 +448,13 @@ def test_fused_sampling_returns_the_episodes_rllibs_loop_returns(
         .rl_module(model_config=model_config)
         .training(**training)
         .debugging(seed=4)
+        .callbacks(_EndIndexProbe)
     )
     theirs_config = ours_config.copy(copy_frozen=False).env_runners(
         env_runner_cls=AMPMultiAgentEnvRunner if training else MultiAgentEnvRunner
     )
     assert ours_config.env_runner_cls is SMAXVectorEnvRunner
+    _ENDED_AT.clear()  # keyed by id(): a runner of an earlier case may have had the same id
     ours = runner_cls(config=ours_config)
     # "auto" (the default) keeps 4 battles of 3m (12 agent rows) in one group.
     assert ours.vector_env.num_groups == {"auto": 1}.get(runner_cls.fused_groups, 2)
@@ -446,9 +463,16 @@ def test_fused_sampling_returns_the_episodes_rllibs_loop_returns(
     ours.module.set_state(theirs.module.get_state())
     ids: dict[str, str] = {}
     for call in range(3):
+        called = time.perf_counter()
         mine = ours.sample(num_timesteps=45, explore=False)
+        mine_wall = time.perf_counter() - called
+        called = time.perf_counter()
         ref = theirs.sample(num_timesteps=45, explore=False)
+        ref_wall = time.perf_counter() - called
         assert [len(e) for e in mine] == [len(e) for e in ref], call
+        assert _ENDED_AT[id(ours)] == _ENDED_AT[id(theirs)], call
+        assert max(ep.get_duration_s() for ep in mine) <= mine_wall, call
+        assert max(ep.get_duration_s() for ep in ref) <= ref_wall, call
         for ep, ref_ep in zip(mine, ref, strict=True):
             where = f"call {call} env_t_started {ref_ep.env_t_started}"
             # Episode ids are random; they must map one-to-one and persist across chunks.
@@ -487,8 +511,11 @@ def test_fused_sampling_returns_the_episodes_rllibs_loop_returns(
                 _assert_buffers_equal(
                     ep.env_t_to_agent_t[aid], ref_ep.env_t_to_agent_t[aid], f"{where} {aid} t"
                 )
+    assert len(set(_ENDED_AT[id(ours)])) > 1  # episodes ended in more than one battle
     ours_metrics, theirs_metrics = ours.get_metrics(), theirs.get_metrics()
     assert ours_metrics["smax_fused_sampling"].peek() == 1.0
+    for timer in ("env_reset_timer", "env_step_timer"):
+        assert timer in ours_metrics and timer in theirs_metrics, timer
     assert ours_metrics["smax_fused_groups"].peek() == ours.vector_env.num_groups
     keys = ("num_env_steps_sampled_lifetime", "num_episodes_lifetime", "episode_return_mean")
     keys += ("episode_len_mean", "win_rate", "timeout_rate", "num_module_steps_sampled_lifetime")
@@ -503,3 +530,84 @@ def test_fused_sampling_returns_the_episodes_rllibs_loop_returns(
             assert mine.peek() == pytest.approx(ref.peek()), key
     ours.stop()
     theirs.stop()
+
+
+def test_fused_sampling_recovers_after_an_exception_in_the_loop():
+    """An on_episode_end that raises once leaves a step in flight; the next sample() starts
+    afresh on the fused path instead of failing on the stale step."""
+
+    class _RaiseOnce(RLlibCallback):
+        raised = False
+
+        def on_episode_end(self, **kwargs):
+            if not _RaiseOnce.raised:
+                _RaiseOnce.raised = True
+                raise RuntimeError("callback failed")
+
+    config = _config(num_envs=3, seed=0, smax_options={"max_steps": 10}).callbacks(_RaiseOnce)
+    config.validate()
+    runner = SMAXVectorEnvRunner(config=config)
+    with pytest.raises(RuntimeError, match="callback failed"):
+        runner.sample(num_timesteps=60, explore=True)
+    episodes = runner.sample(num_timesteps=60, explore=True)
+    assert sum(ep.env_steps() for ep in episodes) >= 60
+    assert runner.get_metrics()["smax_fused_sampling"].peek() == 1.0
+    runner.stop()
+
+
+def test_fused_sampling_falls_back_where_it_cannot_be_exact():
+    """A lookback horizon other than 1 or a module off the CPU: RLlib's loop, with the reason."""
+    from rllib_ext.envs.smac.fused import fused_sampling_applies
+
+    config = _config(num_envs=2, seed=0).env_runners(episode_lookback_horizon=2)
+    config.validate()
+    runner = SMAXVectorEnvRunner(config=config)
+    assert "episode_lookback_horizon=2" in fused_sampling_applies(
+        runner, num_timesteps=16, random_actions=False
+    )
+    episodes = runner.sample(num_timesteps=16, explore=True)
+    assert sum(ep.env_steps() for ep in episodes) >= 16
+    assert runner.get_metrics()["smax_fused_sampling"].peek() == 0.0
+    runner.stop()
+
+    config = _config(num_envs=2, seed=0)
+    config.validate()
+    runner = SMAXVectorEnvRunner(config=config)
+    assert fused_sampling_applies(runner, num_timesteps=16, random_actions=False) == ""
+    runner.module["shared_policy"].to("meta")  # any non-CPU device: no GPU needed
+    assert fused_sampling_applies(runner, num_timesteps=16, random_actions=False) == (
+        "RLModule on meta"
+    )
+    runner.stop()
+
+
+def test_module_with_extra_outputs_samples_on_rllibs_loop_and_keeps_them():
+    """A module that also returns VF_PREDS: the first fused forward hands the call to RLlib's
+    loop, which keeps the column in the episodes (the fused loop would drop it); later calls
+    go there directly."""
+    import torch
+    from ray.rllib.core.columns import Columns
+    from ray.rllib.core.rl_module.multi_rl_module import MultiRLModuleSpec
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+    from rllib_ext.modules import MaskedPPOTorchRLModule
+
+    class _WithValues(MaskedPPOTorchRLModule):
+        def _forward(self, batch, **kwargs):
+            out = super()._forward(batch, **kwargs)
+            out[Columns.VF_PREDS] = torch.zeros(out[Columns.ACTION_DIST_INPUTS].shape[0])
+            return out
+
+    spec = MultiRLModuleSpec(
+        rl_module_specs={"shared_policy": RLModuleSpec(module_class=_WithValues)}
+    )
+    config = _config(num_envs=2, seed=0).rl_module(rl_module_spec=spec)
+    config.validate()
+    runner = SMAXVectorEnvRunner(config=config)
+    for _ in range(2):
+        episodes = runner.sample(num_timesteps=16, explore=True)
+        assert runner.get_metrics()["smax_fused_sampling"].peek() == 0.0
+        for ep in episodes:
+            for sa in ep.agent_episodes.values():
+                assert Columns.VF_PREDS in sa.extra_model_outputs
+    runner.stop()

@@ -32,6 +32,8 @@ from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.metrics import (
+    ENV_RESET_TIMER,
+    ENV_STEP_TIMER,
     NUM_AGENT_STEPS_SAMPLED,
     NUM_AGENT_STEPS_SAMPLED_LIFETIME,
     NUM_ENV_STEPS_SAMPLED,
@@ -96,6 +98,15 @@ def use_smax_vector_env_runner(config: AlgorithmConfig) -> bool:
     return wanted
 
 
+_FUSED_MODULE_OUTPUTS = frozenset({Columns.ACTION_DIST_INPUTS, Columns.STATE_OUT})
+"""What the fused loop turns into episode data (RLlib's loop keeps any other output too)."""
+
+
+class _UnfusedModuleOutputs(Exception):
+    """The module returned outputs the fused loop does not record; raised by the first forward
+    of a ``sample()`` call, before that step is handed to JAX."""
+
+
 class _Step(NamedTuple):
     """One env step of the fused loop, waiting to be recorded into the tracks: the outcome
     ``new`` (``states``: its agents' ``"state"`` entries ``[E, N, D]`` or ``None``) of the
@@ -148,6 +159,8 @@ class SMAXVectorEnvRunner(AMPMultiAgentEnvRunner):
         group's env ``e``)."""
         self._fused_last = False
         self._fallbacks_logged: set[str] = set()
+        self._unfused_outputs = ""
+        """Why the module's outputs keep this runner on RLlib's loop (``""``: they do not)."""
 
     @property
     def vector_env(self) -> SMAXVectorEnv:
@@ -216,35 +229,47 @@ class SMAXVectorEnvRunner(AMPMultiAgentEnvRunner):
         why_not = (
             "fused_sampling=False"
             if not self.fused_sampling
-            else fused_sampling_applies(
+            else self._unfused_outputs
+            or fused_sampling_applies(
                 self, num_timesteps=num_timesteps, random_actions=random_actions
             )
         )
-        if why_not:
-            if self._tracks is not None:  # leaving the fused path: RLlib's loop starts afresh
+        if not why_not:
+            self._fused_last = True
+            assert num_timesteps is not None  # fused_sampling_applies: time-step sampling only
+            try:
+                with gc_paused(self.pause_gc):
+                    return self._sample_fused(
+                        num_timesteps, explore=explore, force_reset=force_reset
+                    )
+            except _UnfusedModuleOutputs as err:  # from the first forward: RLlib's loop instead
+                self._unfused_outputs = why_not = str(err)
                 self._tracks = None
                 force_reset = True
-            self._fused_last = False
-            if why_not in self._fallbacks_logged:
-                logger.debug("SMAX fused sampling off for this call: %s", why_not)
-            else:  # once per reason, e.g. a recurrent module: RLlib's loop carries its state
-                self._fallbacks_logged.add(why_not)
-                logger.info(
-                    "SMAX batched stepping: sampling with RLlib's MultiAgentEnvRunner loop "
-                    "(array-speed sampling is off: %s).",
-                    why_not,
-                )
-            return super()._sample(
-                num_timesteps=num_timesteps,
-                num_episodes=num_episodes,
-                explore=explore,
-                random_actions=random_actions,
-                force_reset=force_reset,
+            except BaseException:
+                # Steps may be left in flight and tracks half recorded: the next call resets.
+                self._tracks = None
+                raise
+        if self._tracks is not None:  # leaving the fused path: RLlib's loop starts afresh
+            self._tracks = None
+            force_reset = True
+        self._fused_last = False
+        if why_not in self._fallbacks_logged:
+            logger.debug("SMAX fused sampling off for this call: %s", why_not)
+        else:  # once per reason, e.g. a recurrent module: RLlib's loop carries its state
+            self._fallbacks_logged.add(why_not)
+            logger.info(
+                "SMAX batched stepping: sampling with RLlib's MultiAgentEnvRunner loop "
+                "(array-speed sampling is off: %s).",
+                why_not,
             )
-        self._fused_last = True
-        assert num_timesteps is not None  # fused_sampling_applies: time-step sampling only
-        with gc_paused(self.pause_gc):
-            return self._sample_fused(num_timesteps, explore=explore, force_reset=force_reset)
+        return super()._sample(
+            num_timesteps=num_timesteps,
+            num_episodes=num_episodes,
+            explore=explore,
+            random_actions=random_actions,
+            force_reset=force_reset,
+        )
 
     # ------------------------------------------------------------------ fused path
     def _new_track(self, batch: SMAXBatch, states: np.ndarray | None, e: int) -> EnvTrack:
@@ -286,7 +311,8 @@ class SMAXVectorEnvRunner(AMPMultiAgentEnvRunner):
         tracks = self._tracks
         reset = force_reset or tracks is None or env.last is None or self._needs_initial_reset
         if reset:
-            env.reset_arrays(seed=self._seed if self._needs_initial_reset else None)
+            with self.metrics.log_time(ENV_RESET_TIMER):
+                env.reset_arrays(seed=self._seed if self._needs_initial_reset else None)
             self._needs_initial_reset = False
             self._ongoing_episodes_for_metrics.clear()
         batches = [env.group_batch(g) for g in range(n_groups)]
@@ -312,10 +338,13 @@ class SMAXVectorEnvRunner(AMPMultiAgentEnvRunner):
         # state_out, weights_seq_no).
         in_flight: list[tuple[Any, ...] | None] = [None] * n_groups
         while env_ts < num_timesteps:
+            waited = 0.0  # for RLlib's env_step_timer: what the step of all envs blocked us
             for g in range(n_groups):
                 finished = None
                 if in_flight[g] is not None:
+                    start = time.perf_counter()
                     finished = self._finish_group(g, cast(tuple[Any, ...], in_flight[g]))
+                    waited += time.perf_counter() - start
                     batches[g], states[g] = finished.new, finished.states
                 in_flight[g], stepped = self._act_and_start(
                     g, batches[g], states[g], explore=explore, env_ts=env_ts
@@ -324,6 +353,8 @@ class SMAXVectorEnvRunner(AMPMultiAgentEnvRunner):
                 # JAX steps this group (and the other groups) meanwhile: record the step before.
                 if finished is not None:
                     done += self._record_step(tracks, finished, offset=g * size)
+            if waited:
+                self.metrics.log_value(ENV_STEP_TIMER, waited, reduce="ema")
         for g in range(n_groups):
             if in_flight[g] is not None:
                 finished = self._finish_group(g, cast(tuple[Any, ...], in_flight[g]))
@@ -334,6 +365,7 @@ class SMAXVectorEnvRunner(AMPMultiAgentEnvRunner):
                 continue  # a finished episode
             if pending.steps == 0:  # just reset: nothing to return yet (RLlib cuts it, though)
                 pending.carried_unstepped = True
+                pending.start_time = None
                 continue
             chunk = self._chunk(pending, terminated=False, truncated=False)
             self._ongoing_episodes_for_metrics[chunk.id_].append(chunk)
@@ -403,6 +435,9 @@ class SMAXVectorEnvRunner(AMPMultiAgentEnvRunner):
                 out = self.module.forward_inference(module_batch)
             # amp_inference's CastToFloat32: actions and logp from float32 logits.
             module_out = to_float32(out[module_id])
+            extra = module_out.keys() - _FUSED_MODULE_OUTPUTS
+            if extra:  # RLlib would keep them in the episodes; this loop has no place for them
+                raise _UnfusedModuleOutputs(f"the RLModule also outputs {sorted(extra)}")
             logits = module_out[Columns.ACTION_DIST_INPUTS]
             if stateful:  # RemoveSingleTsTimeRankFromBatch
                 logits = logits[:, 0]
@@ -458,14 +493,16 @@ class SMAXVectorEnvRunner(AMPMultiAgentEnvRunner):
             term, trunc = bool(new.terminated[e]), bool(new.truncated[e])
             track.infos.append(env.step_info(new, e))
             track.last_step_time = now
+            if track.start_time is None:  # RLlib: a cut chunk's clock starts at its first step
+                track.start_time = now
             if term or trunc:
                 episode = self._chunk(track, terminated=term, truncated=trunc)
                 done.append(episode)
-                self._on_episode_end(episode)
+                self._on_episode_end(episode, env_index=offset + e)
                 tracks[offset + e] = None
         return done
 
-    def _on_episode_end(self, episode: MultiAgentEpisode) -> None:
+    def _on_episode_end(self, episode: MultiAgentEpisode, *, env_index: int) -> None:
         make_callback(
             "on_episode_end",
             callbacks_objects=self._callbacks,
@@ -476,7 +513,7 @@ class SMAXVectorEnvRunner(AMPMultiAgentEnvRunner):
                 metrics_logger=self.metrics,
                 env=self.env,
                 rl_module=self.module,
-                env_index=0,
+                env_index=env_index,
                 prev_episode_chunks=self._ongoing_episodes_for_metrics[episode.id_],
             ),
         )

@@ -21,9 +21,14 @@ state at an episode's first step), and every step's ``STATE_OUT`` kept in the ep
 What RLlib's default connector pieces would do is done here directly, which is exact only for
 what :func:`fused_sampling_applies` checks: the default env-to-module / module-to-env pipelines
 (plus ``amp_inference``'s ``CastToFloat32``: the fused loop casts the module's outputs alike),
-one module for all agents, no ``on_episode_created/start/step`` callbacks (the
-batched path calls ``on_episode_end`` only), time-step sampling (``num_timesteps``) counted in
-env steps. Otherwise the runner falls back to RLlib's loop.
+one module for all agents, on the CPU, returning only ``action_dist_inputs`` (and
+``state_out``; other outputs are found by the first forward of a call, which then hands the call
+to RLlib's loop, which keeps them in the episodes), no ``on_episode_created/start/step``
+callbacks (the batched path calls ``on_episode_end`` only, with the battle's ``env_index``),
+time-step sampling (``num_timesteps``) counted in env steps, RLlib's default one-step
+``episode_lookback_horizon``. Otherwise the runner falls back to RLlib's loop. RLlib's
+``env_reset_timer`` and ``env_step_timer`` are logged too (the latter: how long each step of all
+battles blocked the loop, the rest of the step overlapping the bookkeeping).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import torch
 import tree
 from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.core.columns import Columns
@@ -98,8 +104,15 @@ def fused_sampling_applies(runner: Any, *, num_timesteps: int | None, random_act
         return "custom env-to-module connectors"
     if _piece_names(runner._module_to_env) != _DEFAULT_MODULE_TO_ENV:
         return "custom module-to-env connectors"
+    if config.episode_lookback_horizon != 1:
+        # EnvTrack.continuation keeps one step of lookback, as RLlib's default cut does.
+        return f"episode_lookback_horizon={config.episode_lookback_horizon} (fused: 1)"
     if len(runner.module) != 1:
         return "more than one RLModule"
+    for rl_module in runner.module.values():
+        device = next(rl_module.parameters(), torch.empty(0)).device
+        if device.type != "cpu":  # the fused loop builds its input tensors on the CPU
+            return f"RLModule on {device}"
     for callback in runner._callbacks:
         for name in _PER_STEP_CALLBACKS:
             if getattr(type(callback), name) is not getattr(RLlibCallback, name):
@@ -123,7 +136,9 @@ class EnvTrack:
     episode_id: str
     agent_episode_ids: dict[str, str]
     env_t_started: int
-    start_time: float
+    start_time: float | None
+    """``perf_counter`` at the reset; ``None`` for a continued chunk until its first step (RLlib's
+    ``cut()`` chunks start their clock there, so time between ``sample()`` calls is not counted)."""
     lookback: int = 0
     obs: list[np.ndarray] = field(default_factory=list)
     """``float32 [N, obs_dim]`` per observation."""
@@ -162,7 +177,7 @@ class EnvTrack:
             episode_id=self.episode_id,
             agent_episode_ids=self.agent_episode_ids,
             env_t_started=self.env_t_started + self.steps,
-            start_time=self.last_step_time or self.start_time,
+            start_time=None,
             lookback=1,
             obs=self.obs[-2:],
             avail=self.avail[-2:],
