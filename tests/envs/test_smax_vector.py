@@ -556,8 +556,17 @@ def test_fused_sampling_recovers_after_an_exception_in_the_loop():
 
 
 def test_fused_sampling_falls_back_where_it_cannot_be_exact():
-    """A lookback horizon other than 1 or a module off the CPU: RLlib's loop, with the reason."""
+    """A lookback horizon other than 1, episodes left as lists or a module off the CPU: RLlib's
+    loop, with the reason."""
     from rllib_ext.envs.smac.fused import fused_sampling_applies
+
+    config = _config(num_envs=2, seed=0).env_runners(episodes_to_numpy=False)
+    config.validate()
+    runner = SMAXVectorEnvRunner(config=config)
+    assert fused_sampling_applies(runner, num_timesteps=16, random_actions=False) == (
+        "episodes_to_numpy=False"
+    )
+    runner.stop()
 
     config = _config(num_envs=2, seed=0).env_runners(episode_lookback_horizon=2)
     config.validate()

@@ -26,7 +26,7 @@ one module for all agents, on the CPU, returning only ``action_dist_inputs`` (an
 to RLlib's loop, which keeps them in the episodes), no ``on_episode_created/start/step``
 callbacks (the batched path calls ``on_episode_end`` only, with the battle's ``env_index``),
 time-step sampling (``num_timesteps``) counted in env steps, RLlib's default one-step
-``episode_lookback_horizon``. Otherwise the runner falls back to RLlib's loop. RLlib's
+``episode_lookback_horizon`` and numpy'd episodes (``episodes_to_numpy=True``, the default). Otherwise the runner falls back to RLlib's loop. RLlib's
 ``env_reset_timer`` and ``env_step_timer`` are logged too (the latter: how long each step of all
 battles blocked the loop, the rest of the step overlapping the bookkeeping).
 """
@@ -104,6 +104,8 @@ def fused_sampling_applies(runner: Any, *, num_timesteps: int | None, random_act
         return "custom env-to-module connectors"
     if _piece_names(runner._module_to_env) != _DEFAULT_MODULE_TO_ENV:
         return "custom module-to-env connectors"
+    if not config.episodes_to_numpy:  # the fused loop builds numpy'd chunks only
+        return "episodes_to_numpy=False"
     if config.episode_lookback_horizon != 1:
         # EnvTrack.continuation keeps one step of lookback, as RLlib's default cut does.
         return f"episode_lookback_horizon={config.episode_lookback_horizon} (fused: 1)"
