@@ -26,9 +26,10 @@ one module for all agents, on the CPU, returning only ``action_dist_inputs`` (an
 to RLlib's loop, which keeps them in the episodes), no ``on_episode_created/start/step``
 callbacks (the batched path calls ``on_episode_end`` only, with the battle's ``env_index``),
 time-step sampling (``num_timesteps``) counted in env steps, RLlib's default one-step
-``episode_lookback_horizon`` and numpy'd episodes (``episodes_to_numpy=True``, the default). Otherwise the runner falls back to RLlib's loop. RLlib's
-``env_reset_timer`` and ``env_step_timer`` are logged too (the latter: how long each step of all
-battles blocked the loop, the rest of the step overlapping the bookkeeping).
+``episode_lookback_horizon`` and numpy'd episodes (``episodes_to_numpy=True``, the default).
+Otherwise the runner falls back to RLlib's loop. RLlib's ``env_reset_timer`` and
+``env_step_timer`` are logged too (the latter: how long each step of all battles blocked the
+loop, the rest of the step overlapping the bookkeeping).
 """
 
 from __future__ import annotations
