@@ -43,7 +43,6 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-import torch
 import tree
 from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.core.columns import Columns
@@ -113,9 +112,9 @@ def fused_sampling_applies(runner: Any, *, num_timesteps: int | None, random_act
     if len(runner.module) != 1:
         return "more than one RLModule"
     for rl_module in runner.module.values():
-        device = next(rl_module.parameters(), torch.empty(0)).device
-        if device.type != "cpu":  # the fused loop builds its input tensors on the CPU
-            return f"RLModule on {device}"
+        param = next(rl_module.parameters(), None)
+        if param is not None and param.device.type != "cpu":  # fused inputs are CPU tensors
+            return f"RLModule on {param.device}"
     for callback in runner._callbacks:
         for name in _PER_STEP_CALLBACKS:
             if getattr(type(callback), name) is not getattr(RLlibCallback, name):
