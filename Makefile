@@ -4,8 +4,12 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
+# The oldest Ray release of the supported range (pyproject.toml); constraints.txt pins the newest.
+OLDEST_RAY   ?= 2.58.0
+OLDEST_VENV  ?= .venv-ray$(OLDEST_RAY)
+OLDEST_STAMP := $(OLDEST_VENV)/.installed
 
-.PHONY: install train test test-fast test-slow test-learning lint bench clean
+.PHONY: install install-oldest train test test-oldest test-fast test-slow test-learning lint bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -14,6 +18,16 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# The same pins, with Ray at the oldest supported release.
+$(OLDEST_STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(OLDEST_VENV)
+	$(OLDEST_VENV)/bin/python -m pip install -q --upgrade pip
+	sed 's/^ray==.*/ray==$(OLDEST_RAY)/' constraints.txt > $(OLDEST_VENV)/constraints.txt
+	$(OLDEST_VENV)/bin/python -m pip install -q -c $(OLDEST_VENV)/constraints.txt -e ".[dev,smax]"
+	touch $(OLDEST_STAMP)
+
+install-oldest: $(OLDEST_STAMP)
 
 ## Main job: PPO on CartPole-v1 until the mean return reaches 450.
 train: $(STAMP)
@@ -33,6 +47,10 @@ test: lint
 test-fast: lint
 	$(VENV)/bin/pytest -q
 
+## The smoke selection on the oldest supported Ray (CI runs it after `make test`).
+test-oldest: $(OLDEST_STAMP)
+	$(OLDEST_VENV)/bin/pytest -q -m "not sc2 and not learning" $(SMOKE)
+
 test-slow: $(STAMP)
 	$(VENV)/bin/pytest -m slow -q
 
@@ -44,4 +62,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/train_cartpole.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache *.egg-info
+	rm -rf $(VENV) $(OLDEST_VENV) .pytest_cache .ruff_cache .mypy_cache *.egg-info

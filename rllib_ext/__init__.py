@@ -46,8 +46,10 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'rllib_ext' has no attribute {name!r}")
     value = getattr(importlib.import_module(home), name)
     if name in _REGISTERS_ENVS:
+        from rllib_ext._versions import warn_if_untested
         from rllib_ext.envs import register_envs
 
+        warn_if_untested()
         register_envs()
     globals()[name] = value
     return value

@@ -5,7 +5,7 @@ RLlib's ``PPOConfig.training`` for every RLlib argument and additionally accepts
 extension flags of :mod:`rllib_ext.settings` plus the 2023 tutorial's old names
 (``num_sgd_iter``, ``sgd_minibatch_size``). The flags are stored in the config's
 ``learner_config_dict``, which RLlib already carries through ``copy()``, ``to_dict()``,
-checkpoints and Ray Tune; the learner class is pinned in ``_learner_class`` for the same
+checkpoints and Ray Tune; the learner class is pinned with ``.learners(learner_class=...)`` for the same
 reason (Tune rebuilds a plain ``PPOConfig`` from the dict when given the ``"PPO"`` trainable).
 """
 
@@ -21,6 +21,7 @@ from ray.rllib.algorithms.ppo import PPOConfig as _RLlibPPOConfig
 from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 from ray.rllib.utils.annotations import override
 
+from rllib_ext import _rllib_private as private
 from rllib_ext.compat import LegacyAlgorithmMixin, LegacyAPIMixin
 from rllib_ext.config_checks import amp_env_runner_class, check_algorithm_config, check_rates
 from rllib_ext.envs import register_envs
@@ -84,7 +85,7 @@ class PPOConfig(LegacyAPIMixin, _RLlibPPOConfig):
 
         # Pinned (not only returned by get_default_learner_class) so that it survives
         # `to_dict()` -> plain PPOConfig, which is what Tune does with a config subclass.
-        self._learner_class = PPOExtTorchLearner
+        self.learners(learner_class=PPOExtTorchLearner)
         self.learner_config_dict.update(ExtensionSettings().to_flat())
 
     @override(_RLlibPPOConfig)
@@ -121,7 +122,7 @@ class PPOConfig(LegacyAPIMixin, _RLlibPPOConfig):
         return self
 
     def _model_config_dict(self) -> dict[str, Any]:
-        mc = self._model_config
+        mc = private.user_model_config(self)
         return dict(mc) if isinstance(mc, dict) else dataclasses.asdict(mc)
 
     def _extension_flat(self) -> dict[str, Any]:

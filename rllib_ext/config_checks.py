@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rllib_ext import _rllib_private as private
 from rllib_ext._validation import Bounds, check_number
 from rllib_ext.settings import CompressionSettings, ExtensionSettings
 
@@ -76,7 +77,7 @@ def check_algorithm_config(config: Any) -> ConfigCheck:
             "compiled update bypasses the autocast/loss-scaling step). "
             "Fix: .framework(torch_compile_learner=False) or amp=False."
         )
-    if amp is not False and getattr(config, "_torch_grad_scaler_class", None) is not None:
+    if amp is not False and private.torch_grad_scaler_class(config) is not None:
         raise ValueError(
             "amp is set together with .experimental(_torch_grad_scaler_class=...): two loss "
             "scalers would fight. Fix: remove _torch_grad_scaler_class; amp='fp16' brings its "

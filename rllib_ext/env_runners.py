@@ -15,6 +15,7 @@ from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
 from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 from ray.rllib.utils.annotations import override
 
+from rllib_ext import _rllib_private as private
 from rllib_ext.learners.amp import resolve_amp_dtype
 from rllib_ext.settings import ExtensionSettings
 
@@ -55,7 +56,7 @@ class _AutocastSampling(_EnvRunnerBase):
         )
         self._amp_device_type = device.type
         if self._amp_inference_dtype is not None:
-            self._module_to_env.prepend(CastToFloat32())
+            private.module_to_env(self).prepend(CastToFloat32())
 
     def sample(self, *args: Any, **kwargs: Any) -> Any:
         with torch.autocast(

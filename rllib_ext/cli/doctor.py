@@ -1,7 +1,9 @@
 """``rllib-ext doctor``: versions, accelerators and optional backends, in three sections.
 
 Versions come from package metadata, so absent or heavy backends (JAX, StarCraft II) are never
-imported. Only torch is imported, for the CUDA / bf16 checks.
+imported; each tested package says whether its version is in :data:`rllib_ext._versions.TESTED`.
+torch is imported for the CUDA / bf16 checks, Ray and torch for the private-name check
+(:mod:`rllib_ext._rllib_private`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ import os
 import platform
 from collections.abc import Callable
 from pathlib import Path
+
+from rllib_ext import _rllib_private as private
+from rllib_ext._versions import TESTED, installed_version, tested_note
 
 __all__ = ["SECTIONS", "collect", "render"]
 
@@ -37,7 +42,11 @@ def _version(distribution: str) -> str:
 
 def _versions() -> Rows:
     rows = [("python", f"{platform.python_version()} ({platform.python_implementation()})")]
-    rows += [(name, _version(name)) for name in _CORE_PACKAGES]
+    for name in _CORE_PACKAGES:
+        version = _version(name)
+        if name in TESTED:
+            version = f"{version} ({tested_note(name, installed_version(name))})"
+        rows.append((name, version))
     return rows
 
 
@@ -45,14 +54,11 @@ def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
 
 
-def _cpu_flag(torch_module: object, name: str) -> str:
-    check = getattr(getattr(torch_module, "cpu", None), name, None)
-    if check is None:
-        return "unknown (not in this torch)"
+def _cpu_flag(check: Callable[[], bool]) -> str:
     try:
-        return _yes(bool(check()))
-    except RuntimeError:
-        return "unknown"
+        return _yes(check())
+    except (AttributeError, RuntimeError):
+        return "unknown (not in this torch)"
 
 
 def _accelerators() -> Rows:
@@ -80,8 +86,8 @@ def _accelerators() -> Rows:
         rows.append(("cuda bf16", "n/a (no CUDA)"))
     capability = getattr(torch.backends.cpu, "get_cpu_capability", lambda: "unknown")()
     rows.append(("cpu capability", str(capability)))
-    rows.append(("cpu bf16 (avx512_bf16)", _cpu_flag(torch, "_is_avx512_bf16_supported")))
-    rows.append(("cpu amx", _cpu_flag(torch, "_is_amx_tile_supported")))
+    rows.append(("cpu bf16 (avx512_bf16)", _cpu_flag(private.cpu_has_avx512_bf16)))
+    rows.append(("cpu amx", _cpu_flag(private.cpu_has_amx)))
     rows.append(("cpu cores", str(os.cpu_count())))
     return rows
 
@@ -93,6 +99,10 @@ def _backends() -> Rows:
             rows.append((module, f"not installed ({hint})"))
         else:
             version = _version(distribution)
+            if distribution in TESTED:
+                version = (
+                    f"{version} ({tested_note(distribution, installed_version(distribution))})"
+                )
             rows.append((module, version if version != "not installed" else "installed"))
     from rllib_ext.ops.gae import kernel_backend
 
@@ -108,10 +118,21 @@ def _backends() -> Rows:
     return rows
 
 
+def _private_names() -> Rows:
+    """The private RLlib / torch names rllib_ext relies on, checked against this install."""
+    missing = private.missing_private_names()
+    if not missing:
+        return [("private names", f"all {len(private.PRIVATE_NAMES)} present")]
+    return [("private names", f"{len(missing)} of {len(private.PRIVATE_NAMES)} MISSING")] + [
+        ("missing", line) for line in missing
+    ]
+
+
 SECTIONS: tuple[tuple[str, Callable[[], Rows]], ...] = (
     ("versions", _versions),
     ("accelerators", _accelerators),
     ("optional backends", _backends),
+    ("rllib internals", _private_names),
 )
 
 

@@ -25,6 +25,7 @@ import os
 import sys
 from typing import Any, Literal
 
+from rllib_ext import _rllib_private as private
 from rllib_ext.cli.runconfig import CLIError
 
 __all__ = ["EnvKind", "check_env", "configure_env"]
@@ -144,11 +145,9 @@ def _check_smac(env: str, env_config: dict[str, Any], flag: str) -> None:
 
 def _guarded(env: str) -> bool:
     """True if ``env`` is registered only because an earlier run guarded it (same process)."""
-    from ray.tune.registry import ENV_CREATOR, _global_registry
-
     from rllib_ext.envs.guard import GuardedCreator
 
-    return isinstance(_global_registry.get(ENV_CREATOR, env), GuardedCreator)
+    return isinstance(private.registered_env_creator(env), GuardedCreator)
 
 
 def check_env(env: str, env_config: dict[str, Any], *, flag: str = "--env") -> EnvKind:
@@ -161,14 +160,12 @@ def check_env(env: str, env_config: dict[str, Any], *, flag: str = "--env") -> E
         CLIError: the name resolves nowhere, its module does not import, the class is not an
             env, the env cannot be built with ``env_config``, or a SMAC backend/map is missing.
     """
-    from ray.tune.registry import ENV_CREATOR, _global_registry
-
     from rllib_ext.envs import SMAC_ENV_DEFAULTS
 
     if env in SMAC_ENV_DEFAULTS:
         _check_smac(env, env_config, flag)
         return "registered"
-    if _global_registry.contains(ENV_CREATOR, env) and not _guarded(env):
+    if private.registered_env_creator(env) is not None and not _guarded(env):
         return "registered"
     if ":" in env:
         module_name, _, name = env.partition(":")
@@ -196,12 +193,12 @@ def configure_env(config: Any, settings: Any) -> None:
     """
     import gymnasium as gym
     from ray.rllib.env.multi_agent_env import MultiAgentEnv
-    from ray.tune.registry import ENV_CREATOR, _global_registry, register_env
+    from ray.tune.registry import register_env
 
     from rllib_ext.envs.guard import base_env_creator, guard_env
 
     env = settings.env
-    if not _global_registry.contains(ENV_CREATOR, env) or _guarded(env):
+    if private.registered_env_creator(env) is None or _guarded(env):
         kind = check_env(env, dict(settings.env_config))
         if kind in ("classpath", "module"):
             if kind == "module":

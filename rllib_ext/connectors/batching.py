@@ -58,6 +58,8 @@ from ray.rllib.utils.annotations import override
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 from ray.rllib.utils.typing import EpisodeType, ModuleID
 
+from rllib_ext import _rllib_private as private
+
 __all__ = ["FUSED_PIECES", "VectorizedEpisodesToBatch", "install_vectorized_batching"]
 
 logger = logging.getLogger(__name__)
@@ -199,7 +201,7 @@ class VectorizedEpisodesToBatch(ConnectorV2):
             return batch
 
         self._extend_episodes(episodes, chunks)
-        shared_data["_added_loss_mask_for_valid_episode_ts"] = True
+        private.mark_loss_mask_added(shared_data)
         if self.multi_agent:
             groups: dict[ModuleID, list[SingleAgentEpisode]] = {}
             for chunk in chunks:
@@ -332,6 +334,6 @@ def install_vectorized_batching(pipeline: ConnectorPipelineV2, *, multi_agent: b
                 multi_agent=multi_agent,
             )
             pipeline.connectors = [*connectors[:start], fused, *connectors[start + n :]]
-            pipeline._fix_spaces(pipeline.input_observation_space, pipeline.input_action_space)
+            private.fix_spaces(pipeline)
             return True
     return False

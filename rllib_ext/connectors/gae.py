@@ -37,11 +37,33 @@ from rllib_ext._validation import check_choice
 from rllib_ext.ops.gae import compute_value_targets, kernel_backend
 from rllib_ext.settings import STANDARDIZE_MODES
 
-__all__ = ["VectorizedGAE", "padding_mask"]
+__all__ = ["VectorizedGAE", "check_bootstrap_step_before_gae", "padding_mask"]
 
 GAE_TIME_KEY = "gae/time_ms"
 GAE_IMPL_KEY = "gae/vectorized"
 GAE_COMPILED_KEY = "gae/compiled"
+
+
+_BOOTSTRAP_PIECE = "AddOneTsToEpisodesAndTruncate"
+
+
+def check_bootstrap_step_before_gae(pipeline: Any) -> None:
+    """Raises unless RLlib's ``AddOneTsToEpisodesAndTruncate`` runs before its GAE piece.
+
+    ``VectorizedGAE`` bootstraps from the step that piece appends to every chunk. A learner
+    pipeline without it (RLlib's GAE rewrite, ray#61319, drops it) would make the values of
+    the last real step the bootstrap, so rllib_ext refuses instead of computing that.
+    """
+    names = [type(piece).__name__ for piece in pipeline.connectors]
+    gae = names.index(GeneralAdvantageEstimation.__name__)
+    if _BOOTSTRAP_PIECE not in names[:gae]:
+        import ray
+
+        raise ValueError(
+            f"gae='vectorized' needs RLlib's {_BOOTSTRAP_PIECE} before its GAE piece, but the "
+            f"learner pipeline of Ray {ray.__version__} is {names}. Fix: gae='rllib' (RLlib's "
+            "own GAE), or a Ray release rllib-ext is tested with (`rllib-ext doctor`)."
+        )
 
 
 def padding_mask(episode_lens: np.ndarray, max_seq_len: int) -> np.ndarray:

@@ -39,6 +39,8 @@ import numpy as np
 from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.utils.annotations import override
 
+from rllib_ext import _rllib_private as private
+
 __all__ = [
     "ENV_ERROR_KEY",
     "NON_FINITE_KEY",
@@ -204,10 +206,8 @@ def base_env_creator(env: str) -> Callable[[Any], Any]:
     """The creator RLlib would use for ``env``: a Ray-registered name, ``module:EnvId-v0``
     or a gymnasium id (``gym.make``), or a ``pkg.module.Class`` path (``Class(env_config)``).
     """
-    from ray.tune.registry import ENV_CREATOR, _global_registry
-
-    if _global_registry.contains(ENV_CREATOR, env):
-        creator = _global_registry.get(ENV_CREATOR, env)
+    creator = private.registered_env_creator(env)
+    if creator is not None:
         return creator.base if isinstance(creator, GuardedCreator) else creator
     if ":" not in env and "." in env:
         module_name, _, attr = env.rpartition(".")

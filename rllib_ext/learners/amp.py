@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from rllib_ext import _rllib_private as private
 from rllib_ext.settings import AMPSettings
 
 __all__ = ["AMPState", "cpu_has_native_bf16", "resolve_amp_dtype"]
@@ -27,8 +28,7 @@ _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 def cpu_has_native_bf16() -> bool:
     """True when this CPU runs bf16 matmuls natively (AVX512-BF16 or AMX)."""
-    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
-    return bool(torch.cpu._is_avx512_bf16_supported() or amx())
+    return private.cpu_has_avx512_bf16() or private.cpu_has_amx()
 
 
 def resolve_amp_dtype(amp: Any, device: torch.device) -> torch.dtype | None:

@@ -85,7 +85,7 @@ class CommCompression:
         """Registers a hook on every DDP-wrapped sub-module that has none yet."""
         if not self.enabled:
             return
-        for mid, sub in module._rl_modules.items():
+        for mid, sub in module.items():
             if not isinstance(sub, TorchDDPRLModule) or mid in self.states:
                 continue
             hook, state = make_comm_hook(self.settings)

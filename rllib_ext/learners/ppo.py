@@ -30,10 +30,11 @@ from ray.rllib.evaluation.postprocessing import Postprocessing
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.typing import ModuleID, ParamDict, StateDict, TensorType
 
+from rllib_ext import _rllib_private as private
 from rllib_ext.config_checks import check_algorithm_config
 from rllib_ext.connectors.batching import install_vectorized_batching
 from rllib_ext.connectors.death_mask import DeathMask, wants_death_masking
-from rllib_ext.connectors.gae import VectorizedGAE
+from rllib_ext.connectors.gae import VectorizedGAE, check_bootstrap_step_before_gae
 from rllib_ext.connectors.value_norm import UpdateValueNorm, value_norms
 from rllib_ext.learners.amp import AMPState, resolve_amp_dtype
 from rllib_ext.learners.comm import CommCompression
@@ -68,7 +69,7 @@ class PPOExtTorchLearner(PPOTorchLearner):
         checked = check_algorithm_config(self.config)
         self.ext_settings = checked.settings
         amp_settings = self.ext_settings.amp
-        if self._learner_index == 0:
+        if private.learner_index(self) == 0:
             for message in checked.warnings:
                 logger.warning(message)
         # Before super().build(): TorchLearner.build ends by wrapping modules in DDP, which is
@@ -77,8 +78,8 @@ class PPOExtTorchLearner(PPOTorchLearner):
         super().build()
         self.amp = AMPState(
             settings=amp_settings,
-            device=self._device,
-            dtype=resolve_amp_dtype(amp_settings.amp, self._device),
+            device=self.device,
+            dtype=resolve_amp_dtype(amp_settings.amp, self.device),
         )
         self._modules_in_step: tuple[ModuleID, ...] = ()
         self._install_gae()
@@ -86,15 +87,14 @@ class PPOExtTorchLearner(PPOTorchLearner):
         self._install_module_options()
 
     def _install_batching(self) -> None:
+        pipeline = private.learner_connector(self)
         if (
             self.ext_settings.batching.batching != "vectorized"
-            or self._learner_connector is None
+            or pipeline is None
             or not self.config.add_default_connectors_to_learner_pipeline
         ):
             return
-        if not install_vectorized_batching(
-            self._learner_connector, multi_agent=self.config.is_multi_agent
-        ):
+        if not install_vectorized_batching(pipeline, multi_agent=self.config.is_multi_agent):
             logger.info(
                 "batching='vectorized': the learner pipeline is not RLlib's default order "
                 "(custom learner_connector pieces?); RLlib's batching pieces are kept."
@@ -102,14 +102,16 @@ class PPOExtTorchLearner(PPOTorchLearner):
 
     def _install_gae(self) -> None:
         gae = self.ext_settings.gae
+        pipeline = private.learner_connector(self)
         if (
             gae.gae != "vectorized"
-            or self._learner_connector is None
+            or pipeline is None
             or not self.config.add_default_connectors_to_learner_pipeline
         ):
             return
+        check_bootstrap_step_before_gae(pipeline)
         # PPOLearner.build appended RLlib's GAE piece last; put ours in its place.
-        self._learner_connector.insert_after(
+        pipeline.insert_after(
             GeneralAdvantageEstimation,
             VectorizedGAE(
                 gamma=self.config.gamma,
@@ -117,7 +119,7 @@ class PPOExtTorchLearner(PPOTorchLearner):
                 standardize_advantages=gae.standardize_advantages,
             ),
         )
-        self._learner_connector.remove(GeneralAdvantageEstimation)
+        pipeline.remove(GeneralAdvantageEstimation)
 
     def _install_module_options(self) -> None:
         """``DeathMask`` before and ``UpdateValueNorm`` after the GAE piece, where modules ask."""
@@ -127,7 +129,7 @@ class PPOExtTorchLearner(PPOTorchLearner):
         want_norm = bool(value_norms(self.module))
         if not (want_mask or want_norm):
             return
-        pipeline = self._learner_connector
+        pipeline = private.learner_connector(self)
         pieces = [] if pipeline is None else list(pipeline.connectors)
         gae = next((p for p in pieces if isinstance(p, GeneralAdvantageEstimation)), None)
         if pipeline is None or gae is None:
@@ -255,14 +257,14 @@ class PPOExtTorchLearner(PPOTorchLearner):
             else:
                 super().apply_gradients(gradients_dict)
                 if self.amp.enabled:
-                    for mid in self._module_optimizers:
+                    for mid in private.optimizer_module_ids(self):
                         self._log_amp(mid)
         if self.comm.enabled:
             self.comm.log_stats(self.metrics)
 
     def _apply_scaled_gradients(self, gradients_dict: ParamDict) -> None:
         for pid, grad in gradients_dict.items():
-            self._params[pid].grad = grad
+            private.learner_param(self, pid).grad = grad
         for mid in self._modules_in_step:
             scaler = self.amp.scaler(mid)
             before = scaler.get_scale()
@@ -281,7 +283,7 @@ class PPOExtTorchLearner(PPOTorchLearner):
             self._log_amp(mid)
 
     def _log_amp(self, mid: ModuleID) -> None:
-        if self._learner_index == 0:
+        if private.learner_index(self) == 0:
             # A string "item" cannot be merged across learners: rank 0 reports it (all ranks
             # run the same dtype).
             self.metrics.log_value((mid, "amp/dtype"), self.amp.dtype_name, reduce="item")
@@ -300,9 +302,11 @@ class PPOExtTorchLearner(PPOTorchLearner):
         self, components: Any = None, *, not_components: Any = None, **kw: Any
     ) -> StateDict:
         state = super().get_state(components, not_components=not_components, **kw)
-        if self._check_component(AMP_STATE_KEY, components, not_components):
+        if private.check_component(self, AMP_STATE_KEY, components, not_components):
             state[AMP_STATE_KEY] = self.amp.get_state()
-        if self.comm.enabled and self._check_component(COMM_STATE_KEY, components, not_components):
+        if self.comm.enabled and private.check_component(
+            self, COMM_STATE_KEY, components, not_components
+        ):
             state[COMM_STATE_KEY] = self.comm.get_state()
         return state
 
@@ -311,7 +315,7 @@ class PPOExtTorchLearner(PPOTorchLearner):
         super().set_state(state)
         if AMP_STATE_KEY in state:
             self.amp.set_state(state[AMP_STATE_KEY])
-        if self._learner_index != 0:
+        if private.learner_index(self) != 0:
             # Restored metrics come from rank 0; only rank 0 may hold the string item.
             for mid in self.module.keys():
                 self.metrics.delete(mid, "amp/dtype", key_error=False)

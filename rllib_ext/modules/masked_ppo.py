@@ -41,11 +41,11 @@ import torch
 from ray.rllib.algorithms.ppo.torch.default_ppo_torch_rl_module import DefaultPPOTorchRLModule
 from ray.rllib.core.columns import Columns
 from ray.rllib.core.models.base import ENCODER_OUT, ActorCriticEncoder
-from ray.rllib.core.models.catalog import Catalog
 from ray.rllib.core.rl_module.apis.value_function_api import ValueFunctionAPI
 from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 from ray.rllib.utils.annotations import override
 
+from rllib_ext import _rllib_private as private
 from rllib_ext.connectors.death_mask import DEATH_MASKING_KEY
 from rllib_ext.modules.learner_options import LearnerOptionsAPI
 from rllib_ext.modules.value_norm import VALUE_NORM_KEY, ValueNormAPI, check_value_norm_options
@@ -205,7 +205,7 @@ class MaskedPPOTorchRLModule(DefaultPPOTorchRLModule, ValueNormAPI, LearnerOptio
         if self._central_critic:
             defaults = dataclasses.asdict(DefaultModelConfig())
             config = defaults | _model_config_dict(self.model_config)
-            encoder_config = Catalog._get_encoder_config(
+            encoder_config = private.encoder_config(
                 observation_space=self._full_observation_space["state"],
                 model_config_dict=config,
             )

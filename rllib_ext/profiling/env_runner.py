@@ -17,6 +17,8 @@ from ray.rllib.connectors.connector_v2 import ConnectorV2
 from ray.rllib.env.env_runner import EnvRunner
 from ray.rllib.utils.annotations import override
 
+from rllib_ext import _rllib_private as private
+
 __all__ = ["PROFILE_KEY", "EnvRunnerTimers", "PhaseClock", "PipelineMark", "sample_phase"]
 __all__ += ["timed_subclass"]
 
@@ -80,10 +82,12 @@ class EnvRunnerTimers(EnvRunner):
         super().__init__(*args, **kwargs)
         self.sample_clock = clock = PhaseClock()
         # Spans (closed, opened): RLlib built both pipelines in __init__; the forward runs between.
-        self._env_to_module.prepend(PipelineMark(clock=clock, spans=("", "connectors")))
-        self._env_to_module.append(PipelineMark(clock=clock, spans=("connectors", "inference")))
-        self._module_to_env.prepend(PipelineMark(clock=clock, spans=("inference", "connectors")))
-        self._module_to_env.append(PipelineMark(clock=clock, spans=("connectors", "")))
+        env_to_module = private.env_to_module(self)
+        module_to_env = private.module_to_env(self)
+        env_to_module.prepend(PipelineMark(clock=clock, spans=("", "connectors")))
+        env_to_module.append(PipelineMark(clock=clock, spans=("connectors", "inference")))
+        module_to_env.prepend(PipelineMark(clock=clock, spans=("inference", "connectors")))
+        module_to_env.append(PipelineMark(clock=clock, spans=("connectors", "")))
 
     @override(EnvRunner)
     def sample(self, *args: Any, **kwargs: Any) -> Any:

@@ -151,3 +151,42 @@ def test_standardize_masked_uses_loss_rows_only(cartpole):
 def test_rejects_unknown_standardize_mode():
     with pytest.raises(ValueError, match="standardize_advantages='sometimes'"):
         VectorizedGAE(gamma=0.99, lambda_=0.95, standardize_advantages="sometimes")
+
+
+# -- the pipeline VectorizedGAE may sit in (forward compatibility with RLlib's GAE rewrite) --
+
+
+def _pipeline_of(*names: str) -> object:
+    import types
+
+    return types.SimpleNamespace(connectors=[type(name, (), {})() for name in names])
+
+
+def test_vectorized_gae_accepts_rllibs_default_order() -> None:
+    from rllib_ext.connectors.gae import check_bootstrap_step_before_gae
+
+    check_bootstrap_step_before_gae(
+        _pipeline_of(
+            "AddObservationsFromEpisodesToBatch",
+            "AddOneTsToEpisodesAndTruncate",
+            "BatchIndividualItems",
+            "GeneralAdvantageEstimation",
+        )
+    )
+
+
+def test_vectorized_gae_refuses_a_pipeline_without_the_bootstrap_step() -> None:
+    """As after ray#61319: a new first piece, no AddOneTsToEpisodesAndTruncate."""
+    import ray
+
+    from rllib_ext.connectors.gae import check_bootstrap_step_before_gae
+
+    pipeline = _pipeline_of(
+        "EpisodeIdDeduplication", "AddObservationsFromEpisodesToBatch", "GeneralAdvantageEstimation"
+    )
+    with pytest.raises(ValueError) as raised:
+        check_bootstrap_step_before_gae(pipeline)
+    message = str(raised.value)
+    assert "\n" not in message
+    assert f"Ray {ray.__version__}" in message
+    assert "AddOneTsToEpisodesAndTruncate" in message and "Fix: gae='rllib'" in message

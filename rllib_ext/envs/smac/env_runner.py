@@ -46,6 +46,7 @@ from ray.rllib.utils.metrics import (
 )
 from ray.rllib.utils.numpy import convert_to_numpy
 
+from rllib_ext import _rllib_private as private
 from rllib_ext.env_runners import AMPMultiAgentEnvRunner, to_float32
 from rllib_ext.envs.smac.factory import smax_env_config
 from rllib_ext.envs.smac.fused import (
@@ -189,7 +190,7 @@ class SMAXVectorEnvRunner(AMPMultiAgentEnvRunner):
             num_groups=self.fused_groups,
         )
         self.num_envs = self.env.num_envs
-        self._needs_initial_reset = True
+        private.set_needs_initial_reset(self, True)
         env_ctx = EnvContext(
             env_config,
             worker_index=self.worker_index,
@@ -198,7 +199,7 @@ class SMAXVectorEnvRunner(AMPMultiAgentEnvRunner):
         )
         make_callback(
             "on_environment_created",
-            callbacks_objects=self._callbacks,
+            callbacks_objects=private.runner_callbacks(self),
             callbacks_functions=self.config.callbacks_on_environment_created,
             kwargs=dict(
                 env_runner=self,
@@ -309,12 +310,13 @@ class SMAXVectorEnvRunner(AMPMultiAgentEnvRunner):
         env = self.vector_env
         n_groups, size, n_agents = env.num_groups, env.group_size, len(env.possible_agents)
         tracks = self._tracks
-        reset = force_reset or tracks is None or env.last is None or self._needs_initial_reset
+        initial = private.needs_initial_reset(self)
+        reset = force_reset or tracks is None or env.last is None or initial
         if reset:
             with self.metrics.log_time(ENV_RESET_TIMER):
-                env.reset_arrays(seed=self._seed if self._needs_initial_reset else None)
-            self._needs_initial_reset = False
-            self._ongoing_episodes_for_metrics.clear()
+                env.reset_arrays(seed=private.runner_seed(self) if initial else None)
+            private.set_needs_initial_reset(self, False)
+            private.ongoing_episodes_for_metrics(self).clear()
         batches = [env.group_batch(g) for g in range(n_groups)]
         # Per group: the agents' "state" entries [group_size, N, D] (None: no state).
         states = [self._agent_states(b) for b in batches]
@@ -368,10 +370,10 @@ class SMAXVectorEnvRunner(AMPMultiAgentEnvRunner):
                 pending.start_time = None
                 continue
             chunk = self._chunk(pending, terminated=False, truncated=False)
-            self._ongoing_episodes_for_metrics[chunk.id_].append(chunk)
+            private.ongoing_episodes_for_metrics(self)[chunk.id_].append(chunk)
             ongoing.append(chunk)
             tracks[e] = pending.continuation()
-        self._done_episodes_for_metrics.extend(done)
+        private.done_episodes_for_metrics(self).extend(done)
         self._log_fused_counts(env_ts, len(done))
         return done + ongoing
 
@@ -457,7 +459,7 @@ class SMAXVectorEnvRunner(AMPMultiAgentEnvRunner):
             logp_np.reshape(n_envs, n_agents),
             logits_np.reshape(n_envs, n_agents, -1),
             state_out,
-            self._weights_seq_no,
+            private.weights_seq_no(self),
         )
         return step, n_envs - int(was_reset.sum())
 
@@ -505,7 +507,7 @@ class SMAXVectorEnvRunner(AMPMultiAgentEnvRunner):
     def _on_episode_end(self, episode: MultiAgentEpisode, *, env_index: int) -> None:
         make_callback(
             "on_episode_end",
-            callbacks_objects=self._callbacks,
+            callbacks_objects=private.runner_callbacks(self),
             callbacks_functions=self.config.callbacks_on_episode_end,
             kwargs=dict(
                 episode=episode,
@@ -514,7 +516,7 @@ class SMAXVectorEnvRunner(AMPMultiAgentEnvRunner):
                 env=self.env,
                 rl_module=self.module,
                 env_index=env_index,
-                prev_episode_chunks=self._ongoing_episodes_for_metrics[episode.id_],
+                prev_episode_chunks=private.ongoing_episodes_for_metrics(self)[episode.id_],
             ),
         )
 
@@ -527,7 +529,7 @@ class SMAXVectorEnvRunner(AMPMultiAgentEnvRunner):
         metrics.log_value(
             NUM_ENV_STEPS_SAMPLED_LIFETIME, env_steps, reduce="lifetime_sum", with_throughput=True
         )
-        self._log_env_steps(metric=self._metrics_num_env_steps_sampled, num_steps=env_steps)
+        private.log_env_steps_sampled(self, env_steps)
         if episodes:
             metrics.log_value(NUM_EPISODES, episodes, reduce="sum")
             metrics.log_value(NUM_EPISODES_LIFETIME, episodes, reduce="lifetime_sum")

@@ -51,6 +51,7 @@ from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 from ray.rllib.env.utils.infinite_lookback_buffer import InfiniteLookbackBuffer
 from ray.rllib.utils.numpy import convert_to_numpy
 
+from rllib_ext import _rllib_private as private
 from rllib_ext.env_runners import CastToFloat32
 from rllib_ext.profiling.env_runner import PipelineMark
 
@@ -100,9 +101,9 @@ def fused_sampling_applies(runner: Any, *, num_timesteps: int | None, random_act
         return "random actions"
     if config.count_steps_by != "env_steps":
         return "count_steps_by != 'env_steps'"
-    if _piece_names(runner._env_to_module) != _DEFAULT_ENV_TO_MODULE:
+    if _piece_names(private.env_to_module(runner)) != _DEFAULT_ENV_TO_MODULE:
         return "custom env-to-module connectors"
-    if _piece_names(runner._module_to_env) != _DEFAULT_MODULE_TO_ENV:
+    if _piece_names(private.module_to_env(runner)) != _DEFAULT_MODULE_TO_ENV:
         return "custom module-to-env connectors"
     if not config.episodes_to_numpy:  # the fused loop builds numpy'd chunks only
         return "episodes_to_numpy=False"
@@ -115,7 +116,7 @@ def fused_sampling_applies(runner: Any, *, num_timesteps: int | None, random_act
         param = next(rl_module.parameters(), None)
         if param is not None and param.device.type != "cpu":  # fused inputs are CPU tensors
             return f"RLModule on {param.device}"
-    for callback in runner._callbacks:
+    for callback in private.runner_callbacks(runner):
         for name in _PER_STEP_CALLBACKS:
             if getattr(type(callback), name) is not getattr(RLlibCallback, name):
                 return f"callback {type(callback).__name__}.{name}"
@@ -213,8 +214,8 @@ def build_chunk(
 
     Each agent's ``SingleAgentEpisode`` comes from RLlib's public constructor with ready
     ``InfiniteLookbackBuffer``s over per-agent array slices; the multi-agent episode from
-    ``MultiAgentEpisode.from_state`` (the state layout of ``get_state()``) with those agent
-    episodes. The cost is per chunk and agent, not per step.
+    ``MultiAgentEpisode.from_state`` (through :mod:`rllib_ext._rllib_private`, which owns the
+    private state keys) with those agent episodes. The cost is per chunk and agent, not per step.
     """
     lookback = track.lookback
     steps = track.steps
@@ -275,28 +276,21 @@ def build_chunk(
         agent_t, t_lookback = ["S", *agent_t], 1
     for agent in agents:
         env_t_to_agent_t[agent] = InfiniteLookbackBuffer(list(agent_t), lookback=t_lookback)
-    episode = MultiAgentEpisode.from_state(
-        {
-            "id_": track.episode_id,
-            "agent_to_module_mapping_fn": mapping_fn,
-            "_agent_to_module_mapping": dict.fromkeys(agents, module_id),
-            "observation_space": observation_space,
-            "action_space": action_space,
-            "env_t_started": t0,
-            "env_t": t0 + steps,
-            "agent_t_started": defaultdict(int, dict.fromkeys(agents, t0)),
-            "env_t_to_agent_t": env_t_to_agent_t,
-            "_hanging_actions_end": {},
-            "_hanging_extra_model_outputs_end": defaultdict(dict),
-            "_hanging_rewards_end": defaultdict(float),
-            "_hanging_rewards_begin": defaultdict(float),
-            "is_terminated": terminated,
-            "is_truncated": truncated,
-            "agent_episodes": [],
-            "_start_time": track.start_time,
-            "_last_step_time": track.last_step_time,
-            "custom_data": {},
-        }
+    episode = private.multi_agent_episode_from_parts(
+        agent_to_module=dict.fromkeys(agents, module_id),
+        env_t_to_agent_t=env_t_to_agent_t,
+        start_time=track.start_time,
+        last_step_time=track.last_step_time,
+        id_=track.episode_id,
+        agent_to_module_mapping_fn=mapping_fn,
+        observation_space=observation_space,
+        action_space=action_space,
+        env_t_started=t0,
+        env_t=t0 + steps,
+        agent_t_started=defaultdict(int, dict.fromkeys(agents, t0)),
+        is_terminated=terminated,
+        is_truncated=truncated,
+        custom_data={},
     )
     episode.agent_episodes = agent_episodes
     return episode

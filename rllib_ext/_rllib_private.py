@@ -1,0 +1,377 @@
+"""Every read or write of a non-public RLlib / torch name in rllib_ext, one small function each.
+
+rllib_ext extends RLlib through its seams (subclasses with ``@override``, connector pieces,
+callbacks, env-runner classes). Where no seam exists the package touches a private name, and
+only through a function of this module. :data:`PRIVATE_NAMES` lists each name with its owner and
+kind; :func:`missing_private_names` checks them against the installed Ray and torch
+(``tests/test_rllib_private.py``, and ``rllib-ext doctor``), so a release that renames one fails
+at one named line instead of computing something different.
+
+Nothing here imports Ray or torch at module level: owners are resolved when checked or used.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Literal
+
+__all__ = [
+    "PRIVATE_NAMES",
+    "PrivateName",
+    "check_component",
+    "done_episodes_for_metrics",
+    "encoder_config",
+    "env_to_module",
+    "fix_spaces",
+    "learner_connector",
+    "learner_index",
+    "learner_param",
+    "log_env_steps_sampled",
+    "mark_loss_mask_added",
+    "missing_private_names",
+    "module_to_env",
+    "multi_agent_episode_from_parts",
+    "needs_initial_reset",
+    "ongoing_episodes_for_metrics",
+    "optimizer_module_ids",
+    "registered_env_creator",
+    "runner_callbacks",
+    "runner_seed",
+    "set_needs_initial_reset",
+    "torch_grad_scaler_class",
+    "cpu_has_amx",
+    "cpu_has_avx512_bf16",
+    "user_model_config",
+    "weights_seq_no",
+]
+
+Kind = Literal["attribute", "method", "function", "state_key", "data_key"]
+
+
+@dataclass(frozen=True)
+class PrivateName:
+    """One private name rllib_ext relies on.
+
+    ``owner`` is ``"module:Class"`` (attribute, method, state_key, data_key) or ``"module"``
+    (function). ``attribute``: assigned as ``self.<name>`` in the class or a base;
+    ``method``: callable on the class; ``function``: callable in the module; ``state_key``: a
+    key of ``Class().get_state()``; ``data_key``: a string literal in the class's source.
+    """
+
+    owner: str
+    name: str
+    kind: Kind
+    used_by: str
+
+
+_LEARNER = "ray.rllib.core.learner.learner:Learner"
+_PPO_LEARNER = "ray.rllib.algorithms.ppo.ppo_learner:PPOLearner"
+_TORCH_LEARNER = "ray.rllib.core.learner.torch.torch_learner:TorchLearner"
+_ENV_RUNNER = "ray.rllib.env.env_runner:EnvRunner"
+_MA_RUNNER = "ray.rllib.env.multi_agent_env_runner:MultiAgentEnvRunner"
+_MA_EPISODE = "ray.rllib.env.multi_agent_episode:MultiAgentEpisode"
+_CONFIG = "ray.rllib.algorithms.algorithm_config:AlgorithmConfig"
+
+# The state layout of MultiAgentEpisode.get_state() that the fused SMAX chunks are built from.
+_EPISODE_PRIVATE_STATE_KEYS = (
+    "_agent_to_module_mapping",
+    "_hanging_actions_end",
+    "_hanging_extra_model_outputs_end",
+    "_hanging_rewards_end",
+    "_hanging_rewards_begin",
+    "_start_time",
+    "_last_step_time",
+)
+
+PRIVATE_NAMES: tuple[PrivateName, ...] = (
+    PrivateName(_PPO_LEARNER, "_learner_connector", "attribute", "learners/ppo.py: GAE, batching"),
+    PrivateName(_LEARNER, "_learner_index", "attribute", "learners/ppo.py: rank-0 logging"),
+    PrivateName(_TORCH_LEARNER, "_params", "attribute", "learners/ppo.py: AMP unscaled grads"),
+    PrivateName(_TORCH_LEARNER, "_module_optimizers", "attribute", "learners/ppo.py: AMP"),
+    PrivateName(
+        "ray.rllib.utils.checkpoints:Checkpointable",
+        "_check_component",
+        "method",
+        "learners/ppo.py: get_state components",
+    ),
+    PrivateName(_MA_RUNNER, "_env_to_module", "attribute", "fused SMAX rule, profiling"),
+    PrivateName(_MA_RUNNER, "_module_to_env", "attribute", "fused SMAX rule, AMP, profiling"),
+    PrivateName(_MA_RUNNER, "_callbacks", "attribute", "fused SMAX sampling"),
+    PrivateName(_MA_RUNNER, "_needs_initial_reset", "attribute", "fused SMAX sampling"),
+    PrivateName(_MA_RUNNER, "_ongoing_episodes_for_metrics", "attribute", "fused SMAX metrics"),
+    PrivateName(_MA_RUNNER, "_done_episodes_for_metrics", "attribute", "fused SMAX metrics"),
+    PrivateName(_MA_RUNNER, "_seed", "attribute", "fused SMAX reset"),
+    PrivateName(_MA_RUNNER, "_weights_seq_no", "attribute", "fused SMAX episodes"),
+    PrivateName(_ENV_RUNNER, "_metrics_num_env_steps_sampled", "attribute", "fused SMAX metrics"),
+    PrivateName(_ENV_RUNNER, "_log_env_steps", "method", "fused SMAX metrics"),
+    *(
+        PrivateName(_MA_EPISODE, key, "state_key", "fused SMAX episode chunks")
+        for key in _EPISODE_PRIVATE_STATE_KEYS
+    ),
+    PrivateName(
+        "ray.rllib.connectors.connector_pipeline_v2:ConnectorPipelineV2",
+        "_fix_spaces",
+        "method",
+        "connectors/batching.py: pipeline surgery",
+    ),
+    PrivateName(
+        "ray.rllib.connectors.learner.add_one_ts_to_episodes_and_truncate:"
+        "AddOneTsToEpisodesAndTruncate",
+        "_added_loss_mask_for_valid_episode_ts",
+        "data_key",
+        "connectors/batching.py: shared_data flag",
+    ),
+    PrivateName(
+        "ray.rllib.core.models.catalog:Catalog",
+        "_get_encoder_config",
+        "method",
+        "modules/masked_ppo.py: central critic encoder",
+    ),
+    PrivateName(_CONFIG, "_model_config", "attribute", "config.py: tutorial model= alias"),
+    PrivateName(
+        _CONFIG, "_torch_grad_scaler_class", "attribute", "config_checks.py: two loss scalers"
+    ),
+    PrivateName("ray.tune.registry", "_global_registry", "attribute", "envs: registered envs"),
+    PrivateName("torch.cpu", "_is_avx512_bf16_supported", "function", "amp='auto', doctor"),
+    PrivateName("torch.cpu", "_is_amx_tile_supported", "function", "amp='auto', doctor"),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# The check
+
+
+def _resolve(owner: str, import_module: Callable[[str], ModuleType]) -> Any:
+    module_name, _, qualname = owner.partition(":")
+    obj: Any = import_module(module_name)
+    for part in qualname.split(".") if qualname else ():
+        obj = getattr(obj, part)
+    return obj
+
+
+def _assigned_in_source(cls: type, name: str) -> bool:
+    pattern = re.compile(rf"self\.{re.escape(name)}\s*(:[^=]*)?=(?!=)")
+    for base in inspect.getmro(cls):
+        try:
+            if pattern.search(inspect.getsource(base)):
+                return True
+        except (OSError, TypeError):
+            continue
+    return False
+
+
+def _problem(entry: PrivateName, import_module: Callable[[str], ModuleType]) -> str | None:
+    try:
+        owner = _resolve(entry.owner, import_module)
+    except (ImportError, AttributeError) as exc:
+        return f"{entry.owner} not found ({exc})"
+    kind = entry.kind
+    if kind == "attribute" and isinstance(owner, ModuleType):
+        ok = hasattr(owner, entry.name)
+    elif kind == "attribute":
+        ok = hasattr(owner, entry.name) or _assigned_in_source(owner, entry.name)
+    elif kind in ("method", "function"):
+        ok = callable(getattr(owner, entry.name, None))
+    elif kind == "state_key":
+        ok = entry.name in owner().get_state()
+    else:  # data_key
+        ok = f'"{entry.name}"' in inspect.getsource(owner)
+    return None if ok else f"{entry.owner} has no {kind} {entry.name}"
+
+
+def missing_private_names(
+    names: Iterable[PrivateName] = PRIVATE_NAMES,
+    *,
+    import_module: Callable[[str], ModuleType] = importlib.import_module,
+) -> list[str]:
+    """One line per listed name the installed Ray / torch lacks (``[]``: all present).
+
+    Each line reads ``<owner> has no <kind> <name> (used by <what>)``.
+    """
+    lines = []
+    for entry in names:
+        problem = _problem(entry, import_module)
+        if problem is not None:
+            lines.append(f"{problem} (used by {entry.used_by})")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# Learners
+
+
+def learner_connector(learner: Any) -> Any:
+    """The learner's connector pipeline (``None`` with aggregator actors)."""
+    return learner._learner_connector
+
+
+def learner_index(learner: Any) -> int:
+    """This learner's rank in the learner group (0 for a local learner)."""
+    return int(learner._learner_index)
+
+
+def learner_param(learner: Any, param_ref: Any) -> Any:
+    """The parameter tensor behind ``param_ref`` (a key of the gradient dict)."""
+    return learner._params[param_ref]
+
+
+def optimizer_module_ids(learner: Any) -> list[Any]:
+    """The module ids that own at least one optimizer."""
+    return list(learner._module_optimizers)
+
+
+def check_component(obj: Any, name: str, components: Any, not_components: Any) -> bool:
+    """``Checkpointable._check_component``: whether ``get_state`` should include ``name``."""
+    return bool(obj._check_component(name, components, not_components))
+
+
+# ---------------------------------------------------------------------------------------------
+# Env runners
+
+
+def env_to_module(runner: Any) -> Any:
+    """The runner's env-to-module connector pipeline."""
+    return runner._env_to_module
+
+
+def module_to_env(runner: Any) -> Any:
+    """The runner's module-to-env connector pipeline."""
+    return runner._module_to_env
+
+
+def runner_callbacks(runner: Any) -> list[Any]:
+    """The runner's ``RLlibCallback`` objects."""
+    return list(runner._callbacks)
+
+
+def needs_initial_reset(runner: Any) -> bool:
+    """Whether the runner's next ``sample()`` must reset its envs first."""
+    return bool(runner._needs_initial_reset)
+
+
+def set_needs_initial_reset(runner: Any, value: bool) -> None:
+    runner._needs_initial_reset = value
+
+
+def runner_seed(runner: Any) -> Any:
+    """The seed the runner resets its envs with on the first reset (``None``: none)."""
+    return runner._seed
+
+
+def weights_seq_no(runner: Any) -> int:
+    """The sequence number of the weights the runner's module holds."""
+    return int(runner._weights_seq_no)
+
+
+def ongoing_episodes_for_metrics(runner: Any) -> Any:
+    """``defaultdict(list)``: episode id -> earlier chunks of a running episode."""
+    return runner._ongoing_episodes_for_metrics
+
+
+def done_episodes_for_metrics(runner: Any) -> list[Any]:
+    """The list of finished chunks ``get_metrics()`` reduces (mutated in place)."""
+    return runner._done_episodes_for_metrics  # type: ignore[no-any-return]
+
+
+def log_env_steps_sampled(runner: Any, num_steps: int) -> None:
+    """RLlib's env-steps counter metric (Ray's metrics), as its loop logs it per step."""
+    runner._log_env_steps(metric=runner._metrics_num_env_steps_sampled, num_steps=num_steps)
+
+
+# ---------------------------------------------------------------------------------------------
+# Connectors, episodes, modules, config
+
+
+def fix_spaces(pipeline: Any) -> None:
+    """Recomputes a connector pipeline's spaces after its pieces were replaced."""
+    pipeline._fix_spaces(pipeline.input_observation_space, pipeline.input_action_space)
+
+
+def mark_loss_mask_added(shared_data: dict[str, Any]) -> None:
+    """Tells later pieces (``AddTimeDimToBatchAndZeroPad``) the loss mask is in the batch."""
+    shared_data["_added_loss_mask_for_valid_episode_ts"] = True
+
+
+def multi_agent_episode_from_parts(
+    *,
+    agent_to_module: Mapping[Any, Any],
+    env_t_to_agent_t: Any,
+    start_time: float | None,
+    last_step_time: float | None,
+    **public: Any,
+) -> Any:
+    """``MultiAgentEpisode.from_state`` with no hanging values and ``agent_episodes=[]``.
+
+    ``public`` holds the public keys of ``get_state()`` (``id_``, ``observation_space``,
+    ``env_t_started``, ``env_t``, ``agent_t_started``, ``is_terminated`` ...); the caller sets
+    ``episode.agent_episodes`` afterwards.
+    """
+    from collections import defaultdict
+
+    from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
+
+    return MultiAgentEpisode.from_state(
+        {
+            **public,
+            "_agent_to_module_mapping": dict(agent_to_module),
+            "env_t_to_agent_t": env_t_to_agent_t,
+            "_hanging_actions_end": {},
+            "_hanging_extra_model_outputs_end": defaultdict(dict),
+            "_hanging_rewards_end": defaultdict(float),
+            "_hanging_rewards_begin": defaultdict(float),
+            "agent_episodes": [],
+            "_start_time": start_time,
+            "_last_step_time": last_step_time,
+        }
+    )
+
+
+def encoder_config(*, observation_space: Any, model_config_dict: dict[str, Any]) -> Any:
+    """The encoder config RLlib's catalog builds for ``observation_space``."""
+    from ray.rllib.core.models.catalog import Catalog
+
+    return Catalog._get_encoder_config(
+        observation_space=observation_space, model_config_dict=model_config_dict
+    )
+
+
+def user_model_config(config: Any) -> Any:
+    """The model config as the user gave it (without the algorithm's auto-included keys)."""
+    return config._model_config
+
+
+def torch_grad_scaler_class(config: Any) -> Any:
+    """``.experimental(_torch_grad_scaler_class=...)`` (``None`` when unset)."""
+    return getattr(config, "_torch_grad_scaler_class", None)
+
+
+def registered_env_creator(name: str) -> Any:
+    """The creator ``register_env(name, ...)`` stored (``None``: not registered)."""
+    from ray.tune.registry import ENV_CREATOR, _global_registry
+
+    if not _global_registry.contains(ENV_CREATOR, name):
+        return None
+    return _global_registry.get(ENV_CREATOR, name)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch
+
+
+def cpu_has_avx512_bf16() -> bool:
+    """Whether this CPU has native bf16 matmuls (AVX512-BF16)."""
+    import torch
+
+    return bool(torch.cpu._is_avx512_bf16_supported())
+
+
+def cpu_has_amx() -> bool:
+    """Whether this CPU has AMX tiles."""
+    import torch
+
+    return bool(torch.cpu._is_amx_tile_supported())
