@@ -18,7 +18,8 @@
 # each machine with the head's address, and step 2's command anywhere that reaches the head.
 #
 # Environment: PORT (default 6390), WORK (default: a new /tmp/rxmn.XXXXXX), VENV_BIN (default:
-# the directory of the `rllib-ext` on PATH).
+# the directory of the `rllib-ext` on PATH), RAY_AUTH_MODE (default token, with a new token in
+# $WORK/auth_token unless RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH is set; or disabled).
 set -euo pipefail
 
 PORT=${PORT:-6390}
@@ -39,6 +40,16 @@ TRAIN=(
 )
 mkdir -p "$WORK"
 HEAD_PID="" WORKER_PID=""
+
+# Token authentication, set explicitly: Ray >= 2.59 turns it on for every cluster a plain
+# `ray.init()` starts and writes ~/.ray/auth_token, after which `ray start --head` asks for the
+# token. Every node and every client gets the same RAY_AUTH_MODE and token; on a real cluster,
+# copy the token file to each machine (or set RAY_AUTH_MODE=disabled on all of them).
+export RAY_AUTH_MODE=${RAY_AUTH_MODE:-token}
+if [[ $RAY_AUTH_MODE == token && -z ${RAY_AUTH_TOKEN:-} && -z ${RAY_AUTH_TOKEN_PATH:-} ]]; then
+    export RAY_AUTH_TOKEN_PATH="$WORK/auth_token"
+    "$VENV_BIN/python" -c "import secrets; print(secrets.token_hex(32), end='')" >"$RAY_AUTH_TOKEN_PATH"
+fi
 
 say() { printf '\n=== %s\n' "$*"; }
 

@@ -40,6 +40,7 @@ __all__ = [
     "ongoing_episodes_for_metrics",
     "optimizer_module_ids",
     "registered_env_creator",
+    "reload_ray_config",
     "runner_callbacks",
     "runner_seed",
     "set_needs_initial_reset",
@@ -137,6 +138,7 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         _CONFIG, "_torch_grad_scaler_class", "attribute", "config_checks.py: two loss scalers"
     ),
     PrivateName("ray.tune.registry", "_global_registry", "attribute", "envs: registered envs"),
+    PrivateName("ray._raylet:Config", "initialize", "method", "cli/ray_auth.py: RAY_AUTH_MODE"),
     PrivateName("torch.cpu", "_is_avx512_bf16_supported", "function", "amp='auto', doctor"),
     PrivateName("torch.cpu", "_is_amx_tile_supported", "function", "amp='auto', doctor"),
 )
@@ -357,6 +359,14 @@ def registered_env_creator(name: str) -> Any:
     if not _global_registry.contains(ENV_CREATOR, name):
         return None
     return _global_registry.get(ENV_CREATOR, name)
+
+
+def reload_ray_config() -> None:
+    """Re-reads Ray's ``RAY_*`` variables into this process's Ray config, as Ray does itself
+    after it sets ``RAY_AUTH_MODE`` (the config is read once, when ``ray`` is imported)."""
+    from ray._raylet import Config
+
+    Config.initialize("")
 
 
 # ---------------------------------------------------------------------------------------------

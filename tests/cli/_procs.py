@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import socket
 import sys
@@ -24,3 +25,12 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def token_auth_env(directory: Path) -> dict[str, str]:
+    """Ray token authentication for every node and client of one test cluster: a fresh token in
+    ``directory`` and ``RAY_AUTH_MODE=token``, set explicitly so the test passes whether or not
+    this machine has ``~/.ray/auth_token`` (Ray >= 2.59 writes one at a plain ``ray.init()``)."""
+    path = directory / "auth_token"
+    path.write_text(secrets.token_hex(32))
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(path)}

@@ -35,7 +35,7 @@ import pandas as pd
 import pytest
 
 from rllib_ext.cli.checkpoints import COMMIT_DELAY_ENV, RunState, read_run_state, scan
-from tests.cli._procs import console_script, free_port
+from tests.cli._procs import console_script, free_port, token_auth_env
 
 pytestmark = pytest.mark.slow
 
@@ -52,13 +52,19 @@ EXPECTED_CODE = {"sigterm": 143, "sigint": 130, "sigint_twice": 130}
 def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A Ray head for this module only.
 
-    Its own ``--temp-dir``: ``ray start`` writes the cluster address into the temp dir, and in
+    Token authentication on, with its own token (``RAY_AUTH_MODE`` set explicitly for the
+    head and the runs, see ``token_auth_env``). Its own ``--temp-dir``: ``ray start`` writes the cluster address into the temp dir, and in
     the default one (``/tmp/ray``) every later ``ray.init()`` on the machine would join this
     cluster. Never ``ray stop``: that would end every Ray on the machine.
     """
     port = free_port()
     temp_dir = tempfile.mkdtemp(prefix="rxf", dir="/tmp")  # short: unix socket paths
-    log = (tmp_path_factory.mktemp("ray_head") / "head.log").open("w")
+    folder = tmp_path_factory.mktemp("ray_head")
+    log = (folder / "head.log").open("w")
+    # The head and every `rllib-ext train --address` of the module share one token.
+    patch = pytest.MonkeyPatch()
+    for name, value in token_auth_env(folder).items():
+        patch.setenv(name, value)
     head = subprocess.Popen(
         [console_script("ray"), "start", "--head", f"--port={port}", "--num-cpus=2", "--block"]
         + [f"--temp-dir={temp_dir}", "--include-dashboard=false", "--disable-usage-stats"],
@@ -86,6 +92,7 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             head.wait()
         log.close()
         shutil.rmtree(temp_dir, ignore_errors=True)
+        patch.undo()
 
 
 def _rows(run_dir: Path) -> list[dict]:

@@ -30,7 +30,7 @@ import pytest
 
 from rllib_ext.cli.checkpoints import scan
 from rllib_ext.cli.loop import lost_cluster_member
-from tests.cli._procs import console_script, free_port
+from tests.cli._procs import console_script, free_port, token_auth_env
 
 SLOT = '{"learner_slot": 1}'
 TRAINING = json.dumps({"train_batch_size_per_learner": 64, "minibatch_size": 32, "num_epochs": 1})
@@ -82,8 +82,11 @@ class TwoNodes:
 
 
 @pytest.fixture
-def two_nodes(tmp_path: Path) -> Iterator[TwoNodes]:
-    """A head and a worker node, 2 CPUs and one ``learner_slot`` each, in their own temp dir."""
+def two_nodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TwoNodes]:
+    """A head and a worker node, 2 CPUs and one ``learner_slot`` each, in their own temp dir,
+    under token authentication (``RAY_AUTH_MODE`` and the token shared by nodes and runs)."""
+    for name, value in token_auth_env(tmp_path).items():
+        monkeypatch.setenv(name, value)
     ray = console_script("ray")
     port = free_port()
     temp_dir = tempfile.mkdtemp(prefix="rxmn", dir="/tmp")  # short: unix socket paths
