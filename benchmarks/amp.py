@@ -93,6 +93,10 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict:
         "samples_per_s": args.minibatch / best,
         "peak_mb": peak_mb,
         "dtype": learner.amp.dtype_name,
+        "params": sum(p.numel() for p in learner.module[mid].parameters()),
+        # fp16: steps GradScaler skipped (inf/nan gradients), and the scale after the last.
+        "skipped_steps": learner.amp.skipped_steps.get(mid, 0),
+        "loss_scale": learner.amp.scaler(mid).get_scale() if learner.amp.scaling else None,
     }
 
 
