@@ -5,8 +5,9 @@ Precedence, lowest first:
 
 1. defaults (the option table, :data:`DEFAULT_TRAINING`);
 2. the settings saved with the ``--resume`` checkpoint;
-3. ``--preset NAME`` (:mod:`rllib_ext.cli.presets`; SMAC envs without one get the SMAC
-   preset between 1. and 2.);
+3. ``--preset NAME`` (:mod:`rllib_ext.cli.presets`; SMAC envs without one get the preset
+   :func:`~rllib_ext.cli.presets.choose_preset` picks for their backend and map, between 1.
+   and 2.);
 4. ``--config FILE.yaml``: its ``training:`` mapping, then its top-level keys;
 5. ``--training JSON``, then ``--set key=value`` (repeatable, later wins);
 6. flags given on the command line (``--amp bf16``).
@@ -86,6 +87,9 @@ class TrainSettings:
     model_config: dict[str, Any] = field(default_factory=dict)
     preset: str | None = None
     """The ``--preset`` applied, or the one SMAC envs get without it (:mod:`~rllib_ext.cli.presets`)."""
+    preset_reason: str | None = None
+    """Why :attr:`preset` applies: ``"--preset"``, or the reason of
+    :func:`~rllib_ext.cli.presets.choose_preset` (e.g. ``"SMAX backend, map 3m"``)."""
     checkpoint_dir: str | None = None
     checkpoint_freq: int = 10
     resume: str | None = None
@@ -292,8 +296,10 @@ def resolve_settings(
         cli_values: only the flags given on the command line, as raw strings, by option key.
         config_file: the ``--config`` path, if any.
         set_values: the ``--set KEY=VALUE`` pairs, in command-line order.
-        preset: the ``--preset`` name, if any; without it a SMAC env gets the SMAC preset
-            just above the defaults (:mod:`rllib_ext.cli.presets`).
+        preset: the ``--preset`` name, if any; without it a SMAC env gets the preset
+            :func:`rllib_ext.cli.presets.choose_preset` picks from the env and ``env_config``
+            that win among the other layers, just above the defaults. The result's
+            ``preset_reason`` says why.
 
     Raises:
         CLIError: for any bad key or value, with the fix.
@@ -307,9 +313,8 @@ def resolve_settings(
         inherited = _checkpoint_values(checkpoint)
         inherited["resume"] = str(checkpoint)
     cli_training = flags.pop("training", {})
-    from rllib_ext.cli.presets import auto_preset, load_preset
+    from rllib_ext.cli.presets import EXPLICIT_REASON, choose_preset, load_preset
 
-    preset_layer = _layer(load_preset(preset).values, f"preset {preset!r}") if preset else None
     user = [
         _layer(from_yaml, f"--config {config_file!r}"),
         _training_layer(cli_training, "--training"),
@@ -317,14 +322,19 @@ def resolve_settings(
         _layer(flags, "the command line"),
     ]
     layers = [_layer(inherited, "the resumed checkpoint's settings"), *user]
-    if preset_layer is not None:
-        layers.insert(1, preset_layer)
+    reason: str | None = None
+    if preset:
+        at, reason = 1, EXPLICIT_REASON
     else:
-        env = next((lay.core["env"] for lay in reversed(layers) if "env" in lay.core), None)
-        preset = auto_preset(env or _BY_KEY["env"].default)
-        if preset is not None:
-            preset_layer = _layer(load_preset(preset).values, f"preset {preset!r}")
-            layers.insert(0, preset_layer)
+        # Chosen on what the run would be without a preset: the winning env and env_config.
+        choice = choose_preset(
+            _top(layers, "env", _BY_KEY["env"].default), _top(layers, "env_config", {})
+        )
+        preset, reason, at = choice.name, choice.reason, 0
+    preset_layer = None
+    if preset is not None:
+        preset_layer = _layer(load_preset(preset).values, f"preset {preset!r}")
+        layers.insert(at, preset_layer)
     merged: dict[str, Any] = {}
     extensions: dict[str, Any] = {}
     training: dict[str, Any] = {}
@@ -335,14 +345,31 @@ def resolve_settings(
         extensions.update(layer.extensions)
         training.update(layer.training)
     if preset_layer is not None and "env_config" in preset_layer.core:
-        # The user's env_config updates the preset's key by key while the env is the preset's.
-        if merged.get("env") == preset_layer.core.get("env", merged.get("env")):
-            above = [lay.core["env_config"] for lay in user if "env_config" in lay.core]
-            merged["env_config"] = {
-                **preset_layer.core["env_config"],
-                **(above[-1] if above else {}),
-            }
+        above = _top(layers[layers.index(preset_layer) + 1 :], "env_config", {})
+        preset_env = preset_layer.core.get("env", merged.get("env"))
+        if _shares_env_config(merged.get("env"), preset_env):
+            # The user's env_config updates the preset's key by key (the user's map wins).
+            merged["env_config"] = {**preset_layer.core["env_config"], **above}
+        else:  # another env: none of the preset's keys
+            others = [lay for lay in layers if lay is not preset_layer]
+            merged["env_config"] = dict(_top(others, "env_config", {}))
     if resume:
         merged["resume"] = inherited["resume"]
     values = {**merged, **extensions, "training": training, "model_config": model_config}
-    return dataclasses.replace(TrainSettings.from_values(values), preset=preset)
+    settings = TrainSettings.from_values(values)
+    return dataclasses.replace(settings, preset=preset, preset_reason=reason if preset else None)
+
+
+def _top(layers: Iterable[_Layer], key: str, default: Any) -> Any:
+    """The value of core ``key`` in the highest of ``layers`` that sets it, else ``default``."""
+    return next((lay.core[key] for lay in reversed(list(layers)) if key in lay.core), default)
+
+
+def _shares_env_config(env: Any, preset_env: Any) -> bool:
+    """Whether a preset's ``env_config`` fits ``env``: the same env, or two SMAC envs (one
+    ``env_config`` schema, :class:`rllib_ext.envs.smac.SMACEnvSettings`)."""
+    if env == preset_env:
+        return True
+    from rllib_ext.envs import is_smac_env
+
+    return is_smac_env(env) and is_smac_env(preset_env)

@@ -1,7 +1,9 @@
-"""Per-env presets: shipped files, precedence below every user source, SMAC auto preset."""
+"""Per-env presets: shipped files, precedence below every user source, the SMAC auto preset
+(chosen by backend and map, printed with its reason)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -9,19 +11,43 @@ import pytest
 from rllib_ext.cli.main import main
 from rllib_ext.cli.presets import (
     SMAC_PRESET,
+    SMAX_PRESET,
     auto_preset,
+    choose_preset,
     list_presets,
     load_preset,
+    log_preset,
+    preset_line,
     preset_names,
 )
-from rllib_ext.cli.runconfig import CLIError, resolve_settings
+from rllib_ext.cli.runconfig import CLIError, TrainSettings, resolve_settings
+from rllib_ext.envs.smac import sc2
 
-SMAC_MAP = '{"map_name": "3m"}'
+SMAC_ENVS = ["smac_v2", "smac", "smax"]
+MAPPED = "3s5z_vs_3s6z"  # has smax-3s5z_vs_3s6z
+UNMAPPED = "25m"  # a SMAX map without its own preset
+SMAX_OPTIONS = {"see_enemy_actions": True, "walls_cause_death": True}
+
+
+@pytest.fixture
+def no_sc2(monkeypatch: pytest.MonkeyPatch) -> None:
+    """backend='auto' finds no StarCraft II (as on this machine): SMAX runs."""
+    monkeypatch.setattr(sc2, "availability", lambda package, map_name: (False, "not here"))
+
+
+@pytest.fixture
+def with_sc2(monkeypatch: pytest.MonkeyPatch) -> None:
+    """backend='auto' finds StarCraft II with every map: the game runs."""
+    monkeypatch.setattr(sc2, "availability", lambda package, map_name: (True, "ok"))
+
+
+def _map(name: str, **more: object) -> str:
+    return json.dumps({"map_name": name, **more})
 
 
 def test_every_shipped_preset_loads_with_a_description() -> None:
     names = preset_names()
-    assert {"cartpole", "smac", "smax-3m", "smax-2s3z", "smax-3s5z_vs_3s6z"} <= set(names)
+    assert {"cartpole", "smac", "smax", "smax-3m", "smax-2s3z", "smax-3s5z_vs_3s6z"} <= set(names)
     for preset in list_presets():
         assert preset.description, preset.name
         assert "\n" not in preset.description
@@ -37,7 +63,7 @@ def test_cartpole_preset_is_the_cli_defaults() -> None:
 
     preset, defaults = resolve_settings({}, preset="cartpole"), resolve_settings({})
     assert preset.training == DEFAULT_TRAINING and defaults.training == {}
-    same = {"preset": None, "training": {}}
+    same = {"preset": None, "preset_reason": None, "training": {}}
     assert preset.to_dict() | same == defaults.to_dict() | same
 
 
@@ -77,21 +103,159 @@ def test_env_config_updates_the_presets_while_the_env_is_the_presets() -> None:
     assert other.env_config == {}
 
 
-@pytest.mark.parametrize("env", ["smac_v2", "smac", "smax"])
-def test_smac_envs_get_smac_sized_settings_without_a_preset(env: str) -> None:
-    settings = resolve_settings({"env": env, "env_config": SMAC_MAP})
-    assert settings.preset == SMAC_PRESET
-    assert settings.stop_reward is None  # no CartPole stop rule on SMAX returns
-    assert settings.training["train_batch_size"] == 8000
-    assert settings.training["minibatch_size"] == 2000
-    assert settings.training["entropy_coeff"] == 0.0
-    assert settings.model_config["central_critic"] is True
-    assert settings.env_config == {"map_name": "3m"}
-    # ... and the user still wins.
-    mine = resolve_settings(
-        {"env": env, "stop_reward": "5", "training": '{"train_batch_size": 1000}'}
+@pytest.mark.usefixtures("no_sc2")
+@pytest.mark.parametrize("env", SMAC_ENVS)
+def test_a_mapped_map_on_smax_gets_its_map_preset_under_the_users_env(env: str) -> None:
+    settings = resolve_settings({"env": env, "env_config": _map(MAPPED)})
+    map_preset = load_preset(f"smax-{MAPPED}").values
+    assert settings.preset == f"smax-{MAPPED}"
+    assert settings.preset_reason == f"SMAX backend, map {MAPPED}"
+    assert settings.env == env  # the user's env name, not the preset's 'smax'
+    assert settings.env_config == {"map_name": MAPPED, "smax_options": SMAX_OPTIONS}
+    # The map preset's recipe and batched battles, as with --preset smax-3s5z_vs_3s6z.
+    assert settings.num_envs_per_env_runner == map_preset["num_envs_per_env_runner"] == 64
+    assert settings.num_env_runners == 0
+    assert settings.training == {k: v for k, v in map_preset["training"].items() if k != "amp"}
+    assert settings.extensions["amp"] == "auto"
+    assert settings.model_config == map_preset["model_config"]
+    assert settings.stop_reward is None and settings.stop_timesteps == 3_000_000
+
+
+@pytest.mark.usefixtures("no_sc2")
+def test_the_map_preset_selects_the_batched_smax_runner_for_smac_v2() -> None:
+    from rllib_ext import PPOConfig
+    from rllib_ext.envs.smac.env_runner import SMAXVectorEnvRunner
+
+    settings = resolve_settings({"env": "smac_v2", "env_config": _map(MAPPED)})
+    config = (
+        PPOConfig()
+        .environment(settings.env, env_config=settings.env_config)
+        .env_runners(
+            num_env_runners=settings.num_env_runners,
+            num_envs_per_env_runner=settings.num_envs_per_env_runner,
+        )
     )
-    assert mine.stop_reward == 5.0 and mine.training["train_batch_size"] == 1000
+    config.validate()
+    assert config.env_runner_cls is SMAXVectorEnvRunner
+
+
+@pytest.mark.usefixtures("no_sc2")
+@pytest.mark.parametrize("env", SMAC_ENVS)
+def test_an_unmapped_map_on_smax_gets_the_generic_smax_preset(env: str) -> None:
+    settings = resolve_settings({"env": env, "env_config": _map(UNMAPPED)})
+    assert settings.preset == SMAX_PRESET == "smax"
+    assert settings.preset_reason == f"SMAX backend, no preset for map {UNMAPPED}"
+    assert settings.env == env
+    assert settings.env_config == {"map_name": UNMAPPED, "smax_options": SMAX_OPTIONS}
+    assert settings.stop_reward is None and settings.stop_timesteps is None  # no map budget
+    assert settings.num_envs_per_env_runner == 32  # batched battles
+    assert settings.model_config["value_norm"] is True
+    assert settings.model_config["death_masking"] is True
+    assert settings.model_config["central_critic"] is True
+    assert settings.training["lr"] == [[0, 0.0005], [2_000_000, 0.00005]]
+    assert settings.extensions["amp"] == "auto"
+
+
+@pytest.mark.usefixtures("no_sc2")
+def test_without_a_map_the_default_map_picks_the_preset() -> None:
+    settings = resolve_settings({"env": "smax"})
+    assert settings.preset == "smax-3m" and settings.env_config["map_name"] == "3m"
+
+
+@pytest.mark.usefixtures("with_sc2")
+@pytest.mark.parametrize("env", ["smac_v2", "smac"])
+def test_starcraft2_found_gets_the_smac_preset(env: str) -> None:
+    settings = resolve_settings({"env": env, "env_config": _map(MAPPED)})
+    package = "smacv2" if env == "smac_v2" else "smac"
+    assert settings.preset == SMAC_PRESET
+    assert settings.preset_reason == f"StarCraft II backend {package}"
+    assert settings.env_config == {"map_name": MAPPED}  # no SMAX options
+    assert settings.num_envs_per_env_runner == 16
+    assert settings.training["train_batch_size"] == 8000
+    assert settings.model_config["central_critic"] is True
+    # backend='smax' asked for explicitly: the map preset again.
+    smax = resolve_settings({"env": env, "env_config": _map(MAPPED, backend="smax")})
+    assert smax.preset == f"smax-{MAPPED}"
+    assert smax.env_config["backend"] == "smax"
+
+
+@pytest.mark.usefixtures("no_sc2")
+@pytest.mark.parametrize("backend", ["smacv2", "smac"])
+def test_a_starcraft2_backend_asked_for_gets_the_smac_preset(backend: str) -> None:
+    settings = resolve_settings({"env": "smac_v2", "env_config": _map(MAPPED, backend=backend)})
+    assert settings.preset == SMAC_PRESET
+    assert settings.preset_reason == f"StarCraft II backend {backend}"
+    assert settings.env_config == {"map_name": MAPPED, "backend": backend}
+    assert auto_preset("smax", {"backend": backend}) == SMAC_PRESET  # smax env told otherwise
+
+
+@pytest.mark.usefixtures("no_sc2")
+def test_user_sources_win_over_the_auto_preset(tmp_path: Path) -> None:
+    yaml_file = tmp_path / "run.yaml"
+    yaml_file.write_text(
+        f"env_config: {{map_name: {MAPPED}, smax_options: {{max_steps: 50}}}}\n"
+        "num_envs_per_env_runner: 8\ntraining: {num_epochs: 3, amp: bf16}\n"
+    )
+    settings = resolve_settings(
+        {
+            "env": "smac_v2",  # the env from a flag, the map from --config: both choose
+            "stop_timesteps": "60000",
+            "training": '{"lr": 0.0001}',
+            "model_config": '{"value_norm": false}',
+        },
+        config_file=str(yaml_file),
+        set_values=["minibatch_size=1024"],
+    )
+    assert settings.preset == f"smax-{MAPPED}" and settings.env == "smac_v2"
+    # The user's env_config updates the preset's key by key: the user's map and smax_options.
+    assert settings.env_config == {"map_name": MAPPED, "smax_options": {"max_steps": 50}}
+    assert settings.stop_timesteps == 60000  # flag over the preset's 3M
+    assert settings.num_envs_per_env_runner == 8  # --config over the preset's 64
+    assert settings.training["num_epochs"] == 3  # --config training
+    assert settings.extensions["amp"] == "bf16"  # --config training, an rllib_ext key
+    assert settings.training["lr"] == 0.0001  # --training over the preset's schedule
+    assert settings.training["minibatch_size"] == 1024  # --set
+    assert settings.training["train_batch_size"] == 8192  # the preset's, not overridden
+    assert settings.model_config["value_norm"] is False  # key by key
+    assert settings.model_config["death_masking"] is True
+    # An explicit --preset still beats the automatic choice, and says so.
+    chosen = resolve_settings({"env": "smac_v2", "env_config": _map(MAPPED)}, preset="smax-3m")
+    assert chosen.preset == "smax-3m" and chosen.preset_reason == "--preset"
+    assert chosen.env_config["map_name"] == MAPPED  # the preset's map does not override
+
+
+@pytest.mark.usefixtures("no_sc2")
+def test_a_rejected_env_config_leaves_the_error_to_the_env_check() -> None:
+    choice = choose_preset("smac_v2", {"map_nmae": MAPPED})
+    assert choice.name == SMAC_PRESET and "rejected" in choice.reason
+    settings = resolve_settings({"env": "smac_v2", "env_config": '{"map_nmae": "3m"}'})
+    assert settings.env_config == {"map_nmae": "3m"}
+
+
+def test_a_presets_env_config_does_not_reach_another_env() -> None:
+    settings = resolve_settings({"env": "CartPole-v1"}, preset="smax-3m")
+    assert settings.env_config == {}
+
+
+@pytest.mark.usefixtures("no_sc2")
+def test_the_run_prints_the_preset_and_why(capsys: pytest.CaptureFixture[str]) -> None:
+    from rllib_ext.cli.main import _configure_logging, logger
+
+    _configure_logging()  # the console handler of 'rllib-ext train', on capsys's stderr
+    try:
+        log_preset(resolve_settings({"env": "smac_v2", "env_config": _map(MAPPED)}))
+        log_preset(resolve_settings({"env": "smac", "env_config": _map(UNMAPPED)}))
+        log_preset(resolve_settings({"env": "smax"}, preset="smax-2s3z"))
+        log_preset(resolve_settings({}))  # CartPole: no preset, no line
+    finally:
+        for handler in [h for h in logger.handlers if getattr(h, "_rllib_ext_cli", False)]:
+            logger.removeHandler(handler)
+    assert capsys.readouterr().err.splitlines() == [
+        f"[rllib-ext] preset: smax-{MAPPED} (SMAX backend, map {MAPPED})",
+        f"[rllib-ext] preset: smax (SMAX backend, no preset for map {UNMAPPED})",
+        "[rllib-ext] preset: smax-2s3z (--preset)",
+    ]
+    assert preset_line(TrainSettings(preset="smac")) == "preset: smac"  # built by hand
 
 
 def test_cartpole_keeps_its_defaults_and_no_preset() -> None:

@@ -60,7 +60,7 @@ def test_smac_v2_run_names_its_backend_and_stops_on_win_rate(
 ) -> None:
     run_dir = tmp_path / "smac"
     argv = ["train", "--env", "smac_v2", "--env-config", '{"map_name": "3m"}', "--seed", "0"]
-    # Tiny batches over the SMAC preset's; --stop-win-rate 0 stops at the first iteration that
+    # Tiny batches over the map preset's; --stop-win-rate 0 stops at the first iteration that
     # finished a battle, --stop-timesteps only guards against a run without one.
     argv += ["--num-envs-per-env-runner", "4", "--set", "train_batch_size=400"]
     argv += ["--set", "minibatch_size=200", "--set", "num_epochs=1", "--no-progress"]
@@ -68,7 +68,8 @@ def test_smac_v2_run_names_its_backend_and_stops_on_win_rate(
     assert main(argv) == 0
     captured = capsys.readouterr()
     # Without StarCraft II here, backend 'auto' falls back to SMAX, and says so.
-    assert "env smac_v2: backend smax, map 3m, preset smac" in captured.err
+    assert "env smac_v2: backend smax, map 3m, preset smax-3m" in captured.err
+    assert "preset: smax-3m (SMAX backend, map 3m)" in captured.err
     assert "win rate " in captured.err  # the progress line
     assert "reached --stop-win-rate" in captured.out
 
@@ -78,6 +79,6 @@ def test_smac_v2_run_names_its_backend_and_stops_on_win_rate(
     assert summary["stop_reason"] == "stop_win_rate"
     assert summary["env_steps"] < 4000
     settings = summary["settings"]
-    assert settings["preset"] == "smac" and settings["stop_reward"] is None
+    assert settings["preset"] == "smax-3m" and settings["stop_reward"] is None
     assert settings["model_config"]["central_critic"] is True
     assert summary["ppo"]["train_batch_size"] == 400  # --set over the preset's 8000
