@@ -46,6 +46,9 @@ def _run_chapter(name: str, cwd: Path, ray_address: str, iterations: int, *args:
         HOME=str(cwd),  # Tune's default storage (~/ray_results) of chapters 2 and 4
         PYTHONUNBUFFERED="1",
     )
+    token = Path.home() / ".ray" / "auth_token"  # Ray >= 2.59's token of the session's Ray
+    if token.is_file() and "RAY_AUTH_TOKEN" not in env:
+        env.setdefault("RAY_AUTH_TOKEN_PATH", str(token))  # HOME moves, the token stays
     proc = subprocess.run(
         [sys.executable, str(CHAPTERS / f"{name}.py"), *args],
         cwd=cwd,
