@@ -277,7 +277,8 @@ def ongoing_episodes_for_metrics(runner: Any) -> Any:
 
 def done_episodes_for_metrics(runner: Any) -> list[Any]:
     """The list of finished chunks ``get_metrics()`` reduces (mutated in place)."""
-    return runner._done_episodes_for_metrics  # type: ignore[no-any-return]
+    done: list[Any] = runner._done_episodes_for_metrics
+    return done
 
 
 def log_env_steps_sampled(runner: Any, num_steps: int) -> None:
@@ -364,9 +365,9 @@ def registered_env_creator(name: str) -> Any:
 def reload_ray_config() -> None:
     """Re-reads Ray's ``RAY_*`` variables into this process's Ray config, as Ray does itself
     after it sets ``RAY_AUTH_MODE`` (the config is read once, when ``ray`` is imported)."""
-    from ray._raylet import Config
+    import ray._raylet
 
-    Config.initialize("")
+    ray._raylet.Config.initialize("")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ def _fake_importer(module: types.ModuleType):
 @pytest.fixture
 def fake_ray() -> types.ModuleType:
     """A stand-in for an RLlib module of a future release: some names gone, some kept."""
-    source = '''
+    source = """
 class Runner:
     def __init__(self):
         self._kept_attribute = 1
@@ -63,7 +63,7 @@ class Piece:
 
 def _kept_function():
     return None
-'''
+"""
     module = types.ModuleType("fake_ray_release")
     module.__file__ = "<fake_ray_release>"
     exec(compile(source, module.__file__, "exec"), module.__dict__)

@@ -54,7 +54,7 @@ def _build_parser() -> _Parser:
         help="train PPO (default: CartPole-v1 until the mean return reaches 450)",
         description="Train PPO with rllib_ext.PPOConfig. Precedence, highest first: flags, "
         "--set, --training, --config YAML keys, --preset, the settings saved with a --resume "
-        "checkpoint, defaults (CartPole's; SMAC envs without --preset get the 'smac' preset). rllib_ext keys (amp, gae, ...) follow the same order wherever they are given, "
+        "checkpoint, defaults (CartPole's; SMAC envs without --preset get their map's SMAX preset, 'smax' or, on StarCraft II, 'smac'). rllib_ext keys (amp, gae, ...) follow the same order wherever they are given, "
         "also inside --training or a YAML 'training:' mapping.",
         allow_abbrev=False,
     )
@@ -64,6 +64,13 @@ def _build_parser() -> _Parser:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="live progress bar (default: only when stderr is a terminal)",
+    )
+    groups["run"].add_argument(
+        "--verbose",
+        action="store_true",
+        default=argparse.SUPPRESS,  # like the table's flags: in the namespace only when given
+        help="also show Ray's and RLlib's own warnings (default: only rllib-ext's lines, "
+        "progress, the summary and errors)",
     )
     train.set_defaults(handler=_cmd_train)
 
@@ -217,7 +224,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         set_values=args.set_values,
         preset=args.preset,
     )
-    result = train(settings, progress=args.progress)
+    result = train(settings, progress=args.progress, verbose=getattr(args, "verbose", False))
     print(summary_table(result))
     return result.exit_code  # 0, or 130 (SIGINT) / 143 (SIGTERM)
 

@@ -40,6 +40,7 @@ from rllib_ext.cli.ppo_config import (
     ray_init_kwargs,
 )
 from rllib_ext.cli.progress import ProgressReporter
+from rllib_ext.cli.ray_auth import init_ray
 from rllib_ext.cli.runconfig import CLIError, TrainSettings
 from rllib_ext.cli.rundir import SETTINGS_JSON, RunPlan, plan_run
 from rllib_ext.cli.runlog import RunLog, trim_after
@@ -87,6 +88,7 @@ def train(
     *,
     progress: bool | None = None,
     config_cls: type | None = None,
+    verbose: bool = True,
 ) -> TrainResult:
     """Runs ``rllib-ext train`` with resolved settings.
 
@@ -94,17 +96,21 @@ def train(
         settings: from :func:`rllib_ext.cli.runconfig.resolve_settings`.
         progress: ``True`` bar, ``False`` log lines, ``None`` bar on a terminal only.
         config_cls: see :func:`build_algo_config`.
+        verbose: ``False``: Ray's and RLlib's warnings are hidden (errors still show), see
+            :func:`quiet_console`.
 
     Raises:
         CLIError: bad settings (checked before Ray starts).
     """
     started = time.perf_counter()
+    quiet_ray = quiet_console(settings, verbose=verbose)
     if settings.seed is None:
         settings = dataclasses.replace(settings, seed=secrets.randbelow(2**31))
     check_settings(settings)
     config = build_algo_config(settings, config_cls=config_cls)
-    from rllib_ext.cli.presets import env_backend
+    from rllib_ext.cli.presets import env_backend, log_preset
 
+    log_preset(settings)  # "preset: NAME (why)"
     backend = env_backend(settings.env, settings.env_config)
     if backend is not None:
         logger.info(
@@ -126,7 +132,7 @@ def train(
     segment = Segment(base=plan.base, started=started)
     signals = Signals()
     with signals.installed():
-        outcome = _run(settings, config, plan, segment, signals, progress)
+        outcome = _run(settings, config, plan, segment, signals, progress, quiet_ray)
         signals.stopping()
         result = TrainResult(
             run_dir=plan.run_dir,
@@ -153,17 +159,18 @@ def _run(
     segment: Segment,
     signals: Signals,
     progress: bool | None,
+    quiet_ray: Mapping[str, Any],
 ) -> LoopOutcome:
     import ray
 
-    init_kwargs = ray_init_kwargs(settings)
+    init_kwargs = {**ray_init_kwargs(settings), **quiet_ray}
     owns_ray = not ray.is_initialized()
     _log_settings(settings, config, init_kwargs if owns_ray else {"reused": True})
     algo = run_log = reporter = watchdog = None
     failure: CLIError | None = None
     try:
         if owns_ray:
-            ray.init(**init_kwargs)
+            init_ray(init_kwargs)  # --address: under Ray's token auth (cli/ray_auth.py)
         signals.reclaim()
         check_cluster_resources(settings, ray.cluster_resources())
         segment.build_started = time.perf_counter()
@@ -226,6 +233,51 @@ def _run(
             ray.shutdown()
     assert failure is not None  # every other path returned or raised above
     raise failure
+
+
+_GPUTIL_HINT = "Install gputil for GPU system monitoring."
+
+
+class _DropGPUtilHint(logging.Filter):
+    """Drops Tune's GPUtil hint: ``UtilMonitor`` (RLlib's ``log_sys_usage``, on by default)
+    gives it whenever GPUtil is missing, also on CPU runs, and still records CPU and RAM use
+    (``perf`` in ``result.json``), which is why ``log_sys_usage`` stays on."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != _GPUTIL_HINT
+
+
+def quiet_console(settings: TrainSettings, *, verbose: bool) -> dict[str, Any]:
+    """Keeps Ray's and RLlib's warnings off the console unless ``verbose``; returns the
+    ``ray.init`` arguments that do the same for Ray's side and its workers (``{}`` if verbose).
+
+    Ray's loggers are ``"ray"`` (its level set by ``ray.init(logging_level=...)``) and
+    ``"ray.rllib"`` (own handler; RLlib warns before ``ray.init`` while the config is built),
+    both raised to ``ERROR`` in this process (the driver) for the rest of it, and in every
+    worker by :func:`quiet_worker`, since Ray shows the workers' output on this console. With
+    no GPU requested, the GPUtil hint is dropped even when ``verbose``: it only concerns GPUs.
+    """
+    import ray  # noqa: F401  # sets up Ray's loggers first, which would reset the levels set here
+
+    tune_util = logging.getLogger("ray.tune.utils.util")
+    for old in [f for f in tune_util.filters if isinstance(f, _DropGPUtilHint)]:
+        tune_util.removeFilter(old)
+    if settings.num_gpus_per_learner == 0:
+        tune_util.addFilter(_DropGPUtilHint())
+    if verbose:
+        return {}
+    logging.getLogger("ray.rllib").setLevel(logging.ERROR)
+    return {
+        "logging_level": logging.ERROR,
+        "runtime_env": {"worker_process_setup_hook": f"{__name__}.quiet_worker"},
+    }
+
+
+def quiet_worker() -> None:
+    """Ray's ``worker_process_setup_hook`` of a run without ``--verbose``: the driver's levels
+    of :func:`quiet_console` in each worker process."""
+    for name in ("ray", "ray.rllib"):
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def _drop_empty_tune_logdir(algo: Any) -> None:

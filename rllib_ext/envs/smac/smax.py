@@ -103,9 +103,57 @@ def _import_smax() -> tuple[Any, Any]:
     return smax_env, HeuristicEnemySMAX
 
 
+_SMAX_ENV_MODULE = "jaxmarl.environments.smax.smax_env"
+
+
 def smax_map_names() -> list[str]:
-    """The scenarios JaxMARL's SMAX knows (including any added with ``register_scenario``)."""
+    """The scenarios JaxMARL's SMAX knows (including any added with ``register_scenario``).
+
+    Until JaxMARL is imported the names are read from its source: importing it runs JAX
+    computations, which start XLA's thread pools and arm JAX's ``os.fork()`` warning, and
+    ``rllib-ext train`` checks the map before ``ray.init`` forks Ray's processes. Scenarios can
+    only be registered after the import, so until then the source holds every name.
+    """
+    if _SMAX_ENV_MODULE not in sys.modules:
+        names = _map_names_in_source()
+        if names:
+            return names
     return sorted(_import_smax()[0].MAP_NAME_TO_SCENARIO)
+
+
+def _map_names_in_source() -> list[str]:
+    """The keys of the ``MAP_NAME_TO_SCENARIO`` dict literal in JaxMARL's ``smax_env.py``, read
+    without importing JaxMARL; ``[]`` when JAX or JaxMARL is missing or the table has another
+    form (the caller then imports it, which also gives the install hint)."""
+    import ast
+    import importlib.util
+
+    jaxmarl = importlib.util.find_spec("jaxmarl")  # top-level: located, not imported
+    if importlib.util.find_spec("jax") is None or jaxmarl is None:
+        return []
+    for location in jaxmarl.submodule_search_locations or []:
+        path = os.path.join(location, "environments", "smax", "smax_env.py")
+        try:
+            with open(path, encoding="utf-8") as source:
+                tree = ast.parse(source.read(), filename=path)
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for node in tree.body:
+            if (
+                isinstance(node, ast.Assign)
+                and any(
+                    isinstance(t, ast.Name) and t.id == "MAP_NAME_TO_SCENARIO" for t in node.targets
+                )
+                and isinstance(node.value, ast.Dict)
+            ):
+                keys = node.value.keys
+                names = [
+                    k.value
+                    for k in keys
+                    if isinstance(k, ast.Constant) and isinstance(k.value, str)
+                ]
+                return sorted(names) if len(names) == len(keys) else []
+    return []
 
 
 def _allowed_options(smax_env: Any) -> list[str]:
