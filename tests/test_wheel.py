@@ -49,9 +49,7 @@ def test_the_sdist_and_the_wheel_carry_the_presets(dist: Path) -> None:
     assert sdist.stat().st_size > 0
 
 
-def test_the_wheel_installs_beside_an_existing_ray_and_trains(
-    dist: Path, tmp_path: Path
-) -> None:
+def test_the_wheel_installs_beside_an_existing_ray_and_trains(dist: Path, tmp_path: Path) -> None:
     (wheel,) = dist.glob("rllib_ext-*.whl")
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
