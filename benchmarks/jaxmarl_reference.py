@@ -25,7 +25,7 @@ Command (2026-12-04, machine B: 2-core AMD EPYC with AVX512-BF16, no GPU)::
 
     python benchmarks/jaxmarl_reference.py --jaxmarl-repo /path/to/JaxMARL --map 3m \\
         --total-timesteps 1e6 --seed 0 --extra-path /tmp/six \\
-        --out benchmarks/results/jaxmarl_mappo_3m_seed0.jsonl
+        --out benchmarks/results/jaxmarl_reference/jaxmarl_mappo_3m_seed0.jsonl
 """
 
 from __future__ import annotations

@@ -2,17 +2,19 @@
 
 Commands (no CPU lock needed: it only reads files)::
 
-    python benchmarks/plot_curves.py                 # every benchmarks/results/smax_*.jsonl
-    python benchmarks/plot_curves.py benchmarks/results/smax_3m_batched_seed0.jsonl \\
-        benchmarks/results/smax_2s3z_seed0.jsonl --out benchmarks/results/smax_curves.png
-    python benchmarks/plot_curves.py benchmarks/results/cartpole_curves.jsonl \\
-        --out benchmarks/results/cartpole_curves.png --hline 450
+    python benchmarks/plot_curves.py     # every benchmarks/results/smax_learning/smax_*.jsonl
+    python benchmarks/plot_curves.py benchmarks/results/smax_learning/smax_3m_batched_seed0.jsonl \\
+        benchmarks/results/smax_learning/smax_2s3z_seed0.jsonl \\
+        --out benchmarks/results/smax_learning/smax_curves.png
+    python benchmarks/plot_curves.py benchmarks/results/cartpole/cartpole_curves.jsonl \\
+        --out benchmarks/results/cartpole/cartpole_curves.png --hline 450
 
 Input: a run directory of ``rllib-ext train`` (or Tune) or its ``progress.csv``
 (``num_env_steps_sampled_lifetime``, ``env_runners/episode_return_mean``,
 ``env_runners/win_rate``, ``time_total_s``), or a JSON-lines file: one JSON object per line, as ``benchmarks/smax_learning.py learn`` and
 ``benchmarks/train_cartpole.py --curves`` print them; lines that are not JSON objects (logs)
-are skipped. A row has ``env_steps`` and ``wall_s`` and any of the metrics below; rows that lack
+are skipped, and so is a ``{"header": {...}}`` line (the file's command, commit, machine and
+settings). A row has ``env_steps`` and ``wall_s`` and any of the metrics below; rows that lack
 a metric are left out of that metric's panel (``greedy_win_rate`` appears every few
 iterations only). ``benchmarks/smax_learning.py``'s closing row (``final_env_steps``,
 ``greedy_eval_win_rate``) is drawn as a star on the greedy panel. A row with a ``run`` key (and
@@ -96,7 +98,7 @@ def _rows(path: Path) -> Iterable[dict[str, Any]]:
             row = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(row, dict):
+        if isinstance(row, dict) and "header" not in row:
             yield row
 
 
@@ -191,13 +193,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         nargs="*",
         type=Path,
         help="JSON-lines files, run directories or progress.csv files "
-        "(default: benchmarks/results/smax_*.jsonl)",
+        "(default: benchmarks/results/smax_learning/smax_*.jsonl)",
     )
     parser.add_argument(
         "--out",
         type=Path,
-        default=RESULTS / "smax_curves.png",
-        help="PNG to write (default: benchmarks/results/smax_curves.png)",
+        default=RESULTS / "smax_learning" / "smax_curves.png",
+        help="PNG to write (default: benchmarks/results/smax_learning/smax_curves.png)",
     )
     parser.add_argument("--x", choices=sorted(X_LABELS), default="env_steps", help="x axis")
     parser.add_argument(
@@ -205,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--hline", type=float, default=None, help="dashed target line, e.g. 450")
     args = parser.parse_args(argv)
-    files = args.files or sorted(RESULTS.glob("smax_*.jsonl"))
+    files = args.files or sorted((RESULTS / "smax_learning").glob("smax_*.jsonl"))
     title = args.title if args.title is not None or args.files else SMAX_TITLE
     if not files:
         raise SystemExit(f"no JSON-lines files given and none in {RESULTS}")

@@ -17,7 +17,8 @@ probe's episodes are not RLlib's; it measures speed only.
 
 Run (2-core machine: nothing else running)::
 
-    python benchmarks/smax_jax_policy_probe.py --rounds 3 --json benchmarks/results/smax_jax_policy_probe.jsonl
+    python benchmarks/smax_jax_policy_probe.py --rounds 3 \\
+        --json benchmarks/results/smax_throughput/smax_jax_policy_probe.jsonl
 """
 
 from __future__ import annotations

@@ -46,7 +46,8 @@ a 256x256 layer on this CPU).
 
 Run (2-core machine: serialise CPU-heavy jobs)::
 
-    flock /tmp/cpu.lock python benchmarks/smax_throughput.py --json benchmarks/results/smax_throughput.json
+    flock /tmp/cpu.lock python benchmarks/smax_throughput.py \\
+        --json benchmarks/results/smax_throughput/smax_throughput.json
 """
 
 from __future__ import annotations

@@ -33,9 +33,9 @@ iteration (1.03 vs 1.04 s).
 ``benchmarks/plot_curves.py``::
 
     flock /tmp/cpu.lock .venv/bin/python benchmarks/train_cartpole.py --repeats 2 \
-        --curves benchmarks/results/cartpole_curves.jsonl
-    .venv/bin/python benchmarks/plot_curves.py benchmarks/results/cartpole_curves.jsonl \
-        --out benchmarks/results/cartpole_curves.png --hline 450
+        --curves benchmarks/results/cartpole/cartpole_curves.jsonl
+    .venv/bin/python benchmarks/plot_curves.py benchmarks/results/cartpole/cartpole_curves.jsonl \
+        --out benchmarks/results/cartpole/cartpole_curves.png --hline 450
 
 Each path is deterministic per seed, and with ``--gae rllib`` the rllib-ext path reproduces the
 stock run exactly (seed 0: 20 iterations, 40,068 env steps, in 19.5 s against 18.8 s). With the
