@@ -14,8 +14,8 @@ from rllib_ext.env_runners import AMPSingleAgentEnvRunner
 from rllib_ext.profiling import PHASES, ProfilerCallback, breakdown_of_result, enable_profiling
 from rllib_ext.profiling.breakdown import merge_breakdowns
 from rllib_ext.profiling.env_runner import EnvRunnerTimers, PhaseClock, PipelineMark
-from rllib_ext.sampling_protocol import fused_equivalent, sample_phase
 from rllib_ext.profiling.learner import LearnerTimers, interval_union
+from rllib_ext.sampling_protocol import fused_equivalent, sample_phase
 
 
 def _result(
