@@ -37,14 +37,8 @@ import numpy as np
 from ray.rllib.env.multi_agent_env import MultiAgentEnv
 from ray.rllib.utils.annotations import override
 
-from rllib_ext.envs.smac.backend import (
-    Backend,
-    Step,
-    agent_observations,
-    agent_states,
-    check_actions,
-    derive_seed,
-)
+from rllib_ext.envs.smac import backend as arrays
+from rllib_ext.envs.smac.backend import Backend, Step, check_actions
 from rllib_ext.envs.smac.factory import make_backend
 from rllib_ext.envs.smac.settings import SMACEnvSettings
 
@@ -114,7 +108,7 @@ class SMACEnv(MultiAgentEnv):
     def __init__(self, config: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         self.settings = SMACEnvSettings.from_env_config(config)
-        seed = derive_seed(
+        seed = arrays.derive_seed(
             self.settings.seed,
             # An EnvContext outside Ray (e.g. a local EnvRunner) may hold None here.
             int(getattr(config, "worker_index", 0) or 0),
@@ -157,10 +151,10 @@ class SMACEnv(MultiAgentEnv):
         return None if self._last is None else self._last.state
 
     def _observations(self, step: Step) -> dict[str, dict[str, np.ndarray]]:
-        obs = agent_observations(step.obs, obs_agent_id=self.settings.obs_agent_id)
+        obs = arrays.agent_observations(step.obs, obs_agent_id=self.settings.obs_agent_id)
         avail = step.avail
         if self.settings.include_state:
-            states = agent_states(
+            states = arrays.agent_states(
                 step.state, len(self.possible_agents), state_mode=self.settings.state_mode
             )
             return {
