@@ -19,6 +19,7 @@ import numpy as np
 from ray.rllib.env.vector.vector_multi_agent_env import VectorMultiAgentEnv
 from ray.rllib.utils.annotations import override
 
+from rllib_ext.envs.smac.backend import check_actions
 from rllib_ext.envs.smac.battles import SMAXBatch, SMAXBattles
 from rllib_ext.envs.smac.env import MaskedDiscrete, agent_observation_space
 from rllib_ext.envs.smac.settings import SMACEnvSettings
@@ -112,8 +113,6 @@ class SMAXVectorEnv(VectorMultiAgentEnv):
         return self._observations(batch), infos
 
     def _action_array(self, actions: Sequence[Mapping[str, Any]]) -> np.ndarray:
-        from rllib_ext.envs.smac import check_actions
-
         spec = self.battles.spec
         last = self.battles.last
         if last is None:
