@@ -75,15 +75,15 @@ class Probe:
         import jax
         import jax.numpy as jnp
 
-        self.runner, env = runner, runner.vector_env
+        self.runner, env = runner, runner.vector_env.battles
         if env.num_groups != 1:
             raise ValueError("The probe steps all battles as one group (fused_groups=1).")
         self.env = env
         module_id = next(iter(runner.module.keys()))
         self.rl_module = runner.module[module_id]
-        runner._module_id = module_id
+        runner.fused.module_id = module_id
         params = _jax_params(self.rl_module)
-        spec, n_envs, n_agents = env.spec_smax, env.num_envs, len(env.possible_agents)
+        spec, n_envs, n_agents = env.spec, env.num_envs, env.spec.n_agents
         obs_end, state_end, avail_end = env._obs_end, env._state_end, env._avail_end
         float_min = np.finfo(np.float32).min
 
@@ -122,11 +122,11 @@ class Probe:
             np.argmax(batch.avail, axis=-1).astype(np.int32),
             env._reset_index(0),
         )
-        self._batch = self._unpack(env._autoreset.copy())
+        self._batch = self._unpack(env.autoreset.copy())
 
     def _unpack(self, was_reset: np.ndarray) -> Any:
         batch = self.env._unpack(np.asarray(self._flat), was_reset)
-        self.env._autoreset[:] = batch.terminated | batch.truncated
+        self.env.autoreset[:] = batch.terminated | batch.truncated
         return batch
 
     def max_logit_error(self) -> float:
@@ -159,12 +159,12 @@ class Probe:
 
     def run(self, seconds: float) -> dict[str, float]:
         """Env steps per second over ``seconds`` (new tracks for every battle at the start)."""
-        from rllib_ext.envs.smac.env_runner import _Step
-        from rllib_ext.envs.smac.fused import gc_paused
+        from rllib_ext.envs.smac.sampling import gc_paused
+        from rllib_ext.envs.smac.sampling.tracks import ActionRecord, StepRecord
 
-        runner, env = self.runner, self.env
-        tracks = [
-            runner._new_track(self._batch, runner._agent_states(self._batch), e)
+        fused, env = self.runner.fused, self.env
+        tracks = fused.tracks = [
+            fused._new_track(self._batch, env.agent_states(self._batch), e)
             for e in range(env.num_envs)
         ]
         previous: tuple[np.ndarray, ...] | None = None
@@ -172,7 +172,7 @@ class Probe:
         start = time.perf_counter()
         with gc_paused(True):
             while time.perf_counter() - start < seconds:
-                was_reset = env._autoreset.copy()
+                was_reset = env.autoreset.copy()
                 self._pkey, env._keys[0], env._states[0], flat, *acted = self._step(
                     self._pkey, env._keys[0], env._states[0], self._flat, env._reset_index(0)
                 )
@@ -180,14 +180,14 @@ class Probe:
                 tick = time.perf_counter()
                 if previous is not None:
                     batch = self._batch
-                    step = _Step(batch, runner._agent_states(batch), *previous, None, 0)
-                    runner._record_step(tracks, step, offset=0)
+                    taken = ActionRecord(*previous, None, 0)
+                    fused._record_step(StepRecord(batch, env.agent_states(batch), taken), offset=0)
                     env_steps += env.num_envs - int(batch.was_reset.sum())
                     loops += 1
                     if loops % _STEPS_PER_CALL == 0:
                         for e, track in enumerate(tracks):
                             if track is not None and track.steps > 0:
-                                runner._chunk(track, terminated=False, truncated=False)
+                                fused._chunk(track, terminated=False, truncated=False)
                                 tracks[e] = track.continuation()
                 record_s += time.perf_counter() - tick
                 previous = tuple(np.asarray(x) for x in acted)

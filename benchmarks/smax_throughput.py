@@ -179,12 +179,14 @@ def measure_sampling(
 
 
 def measure_env_only(map_name: str, *, num_envs: int, seconds: float) -> float:
-    """Env steps per second of ``SMAXVectorEnv.step_arrays`` alone, random legal actions."""
+    """Env steps per second of ``SMAXBattles.step_arrays`` alone, random legal actions."""
     import numpy as np
 
-    from rllib_ext.envs.smac.vector import SMAXVectorEnv
+    from rllib_ext.envs.smac.battles import SMAXBattles
+    from rllib_ext.envs.smac.settings import SMACEnvSettings
 
-    env = SMAXVectorEnv({"backend": "smax", "map_name": map_name, "seed": 0}, num_envs=num_envs)
+    settings = SMACEnvSettings.from_env_config({"backend": "smax", "map_name": map_name, "seed": 0})
+    env = SMAXBattles(settings, num_envs=num_envs)
     rng = np.random.default_rng(0)
     batch = env.reset_arrays()
 

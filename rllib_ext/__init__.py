@@ -13,6 +13,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from rllib_ext._versions import warn_if_untested
+from rllib_ext.envs import register_envs
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -46,9 +49,6 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'rllib_ext' has no attribute {name!r}")
     value = getattr(importlib.import_module(home), name)
     if name in _REGISTERS_ENVS:
-        from rllib_ext._versions import warn_if_untested
-        from rllib_ext.envs import register_envs
-
         warn_if_untested()
         register_envs()
     globals()[name] = value

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
@@ -314,9 +315,7 @@ def multi_agent_episode_from_parts(
     ``env_t_started``, ``env_t``, ``agent_t_started``, ``is_terminated`` ...); the caller sets
     ``episode.agent_episodes`` afterwards.
     """
-    from collections import defaultdict
-
-    from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
+    from ray.rllib.env.multi_agent_episode import MultiAgentEpisode  # lazy: Ray out of --help
 
     return MultiAgentEpisode.from_state(
         {
@@ -336,7 +335,7 @@ def multi_agent_episode_from_parts(
 
 def encoder_config(*, observation_space: Any, model_config_dict: dict[str, Any]) -> Any:
     """The encoder config RLlib's catalog builds for ``observation_space``."""
-    from ray.rllib.core.models.catalog import Catalog
+    from ray.rllib.core.models.catalog import Catalog  # lazy: keeps Ray out of --help
 
     return Catalog._get_encoder_config(
         observation_space=observation_space, model_config_dict=model_config_dict
@@ -355,7 +354,7 @@ def torch_grad_scaler_class(config: Any) -> Any:
 
 def registered_env_creator(name: str) -> Any:
     """The creator ``register_env(name, ...)`` stored (``None``: not registered)."""
-    from ray.tune.registry import ENV_CREATOR, _global_registry
+    from ray.tune.registry import ENV_CREATOR, _global_registry  # lazy: Ray out of --help
 
     if not _global_registry.contains(ENV_CREATOR, name):
         return None
@@ -365,7 +364,7 @@ def registered_env_creator(name: str) -> Any:
 def reload_ray_config() -> None:
     """Re-reads Ray's ``RAY_*`` variables into this process's Ray config, as Ray does itself
     after it sets ``RAY_AUTH_MODE`` (the config is read once, when ``ray`` is imported)."""
-    import ray._raylet
+    import ray._raylet  # lazy: keeps Ray out of --help
 
     ray._raylet.Config.initialize("")
 
@@ -376,13 +375,13 @@ def reload_ray_config() -> None:
 
 def cpu_has_avx512_bf16() -> bool:
     """Whether this CPU has native bf16 matmuls (AVX512-BF16)."""
-    import torch
+    import torch  # lazy: keeps torch out of --help
 
     return bool(torch.cpu._is_avx512_bf16_supported())
 
 
 def cpu_has_amx() -> bool:
     """Whether this CPU has AMX tiles."""
-    import torch
+    import torch  # lazy: keeps torch out of --help
 
     return bool(torch.cpu._is_amx_tile_supported())

@@ -12,27 +12,25 @@ reason (Tune rebuilds a plain ``PPOConfig`` from the dict when given the ``"PPO"
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.algorithms.ppo import PPO as _RLlibPPO
 from ray.rllib.algorithms.ppo import PPOConfig as _RLlibPPOConfig
 from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+from ray.rllib.models.catalog import MODEL_DEFAULTS
 from ray.rllib.utils.annotations import override
 
 from rllib_ext import _rllib_private as private
 from rllib_ext.compat import LegacyAlgorithmMixin, LegacyAPIMixin
 from rllib_ext.config_checks import amp_env_runner_class, check_algorithm_config, check_rates
 from rllib_ext.envs import register_envs
+from rllib_ext.learners.ppo import PPOExtTorchLearner
 from rllib_ext.settings import ExtensionSettings, extension_keys, split_extension_kwargs
-from rllib_ext.smac_config import (  # noqa: F401 (re-exported: they lived here before)
-    SHARED_POLICY_ID,
-    add_callback,
-    apply_smac_defaults,
-    shared_policy_mapping,
-    smac_default_rl_module_spec,
-)
+from rllib_ext.smac_config import apply_smac_defaults, smac_default_rl_module_spec
 
 __all__ = ["PPO", "PPOConfig"]
 
@@ -58,8 +56,6 @@ def _model_overrides(model: Any) -> dict[str, Any]:
     round trips carry the whole old default dict); other entries must be ``DefaultModelConfig``
     fields, otherwise RLlib would ignore them silently.
     """
-    from ray.rllib.models.catalog import MODEL_DEFAULTS
-
     if not isinstance(model, dict):
         raise ValueError(
             f"model={model!r} must be a dict of DefaultModelConfig fields, e.g. "
@@ -76,13 +72,24 @@ def _model_overrides(model: Any) -> dict[str, Any]:
     return model
 
 
+def _then_apply_derived(name: str) -> Callable[..., Any]:
+    """``PPOConfig.<name>``: the next class's setter ``name`` (the 2023 layer, then RLlib's),
+    then :meth:`PPOConfig._apply_derived_settings`; returns the config, like RLlib's setters."""
+
+    @functools.wraps(getattr(AlgorithmConfig, name))
+    def setter(self: PPOConfig, *args: Any, **kwargs: Any) -> PPOConfig:
+        getattr(super(PPOConfig, self), name)(*args, **kwargs)
+        self._apply_derived_settings()
+        return self
+
+    return override(AlgorithmConfig)(setter)
+
+
 class PPOConfig(LegacyAPIMixin, _RLlibPPOConfig):
     """RLlib's ``PPOConfig`` plus the rllib_ext flags (see :mod:`rllib_ext.settings`)."""
 
     def __init__(self, algo_class: type | None = None) -> None:
         super().__init__(algo_class=algo_class or PPO)
-        from rllib_ext.learners.ppo import PPOExtTorchLearner
-
         # Pinned (not only returned by get_default_learner_class) so that it survives
         # `to_dict()` -> plain PPOConfig, which is what Tune does with a config subclass.
         self.learners(learner_class=PPOExtTorchLearner)
@@ -136,8 +143,6 @@ class PPOConfig(LegacyAPIMixin, _RLlibPPOConfig):
 
     @override(_RLlibPPOConfig)
     def get_default_learner_class(self) -> type:
-        from rllib_ext.learners.ppo import PPOExtTorchLearner
-
         return PPOExtTorchLearner
 
     @override(_RLlibPPOConfig)
@@ -157,41 +162,13 @@ class PPOConfig(LegacyAPIMixin, _RLlibPPOConfig):
     def get_default_rl_module_spec(self) -> Any:
         return smac_default_rl_module_spec(self) or super().get_default_rl_module_spec()
 
-    @override(AlgorithmConfig)
-    def environment(self, *args: Any, **kwargs: Any) -> PPOConfig:
-        super().environment(*args, **kwargs)
-        self._apply_derived_settings()
-        return self
-
-    @override(AlgorithmConfig)
-    def multi_agent(self, *args: Any, **kwargs: Any) -> PPOConfig:
-        super().multi_agent(*args, **kwargs)
-        self._apply_derived_settings()
-        return self
-
-    @override(AlgorithmConfig)
-    def callbacks(self, *args: Any, **kwargs: Any) -> PPOConfig:
-        super().callbacks(*args, **kwargs)
-        self._apply_derived_settings()
-        return self
-
-    @override(AlgorithmConfig)
-    def learners(self, *args: Any, **kwargs: Any) -> PPOConfig:
-        super().learners(*args, **kwargs)
-        self._apply_derived_settings()
-        return self
-
-    @override(AlgorithmConfig)
-    def env_runners(self, *args: Any, **kwargs: Any) -> PPOConfig:
-        super().env_runners(*args, **kwargs)
-        self._apply_derived_settings()
-        return self
-
-    @override(AlgorithmConfig)
-    def update_from_dict(self, config_dict: Any) -> PPOConfig:
-        super().update_from_dict(config_dict)
-        self._apply_derived_settings()
-        return self
+    # RLlib's setters whose values the derived settings depend on: each runs, then those follow.
+    environment = _then_apply_derived("environment")
+    multi_agent = _then_apply_derived("multi_agent")
+    callbacks = _then_apply_derived("callbacks")
+    learners = _then_apply_derived("learners")
+    env_runners = _then_apply_derived("env_runners")
+    update_from_dict = _then_apply_derived("update_from_dict")
 
     def _apply_derived_settings(self) -> None:
         """Fills in what the flags imply; idempotent, explicit user choices are kept.

@@ -18,6 +18,12 @@ from typing import Any
 
 from rllib_ext import _rllib_private as private
 from rllib_ext._validation import Bounds, check_number
+from rllib_ext.env_runners import AMPMultiAgentEnvRunner, AMPSingleAgentEnvRunner
+from rllib_ext.modules.learner_options import (
+    LEARNER_APPLIED_KEYS,
+    applies_learner_options,
+    learner_options_error,
+)
 from rllib_ext.settings import CompressionSettings, ExtensionSettings
 
 __all__ = [
@@ -98,8 +104,6 @@ def check_algorithm_config(config: Any) -> ConfigCheck:
 
 def amp_env_runner_class(config: Any) -> type:
     """The env-runner class ``amp_inference=True`` needs for ``config`` (single or multi-agent)."""
-    from rllib_ext.env_runners import AMPMultiAgentEnvRunner, AMPSingleAgentEnvRunner
-
     return AMPMultiAgentEnvRunner if config.is_multi_agent else AMPSingleAgentEnvRunner
 
 
@@ -117,12 +121,10 @@ def _check_amp_env_runner(config: Any) -> None:
 
 
 def _check_module_options_learner(config: Any) -> None:
-    """Masked-module options that only rllib_ext's learner acts on need that learner."""
-    from rllib_ext.learners.ppo import PPOExtTorchLearner
-    from rllib_ext.modules.learner_options import LEARNER_APPLIED_KEYS, learner_options_error
-
+    """Masked-module options that only rllib_ext's learner acts on need a learner that declares
+    it applies them (``PPOExtTorchLearner`` and its subclasses)."""
     learner = config.learner_class
-    if isinstance(learner, type) and issubclass(learner, PPOExtTorchLearner):
+    if applies_learner_options(learner):
         return
     spec = config.rl_module_spec
     model_configs = [config.model_config]

@@ -34,6 +34,9 @@ def to_float32(x: Any) -> Any:
 class CastToFloat32(ConnectorV2):
     """Module-to-env piece (first in the pipeline): low-precision float tensors -> float32."""
 
+    # sampling_protocol.FUSED_EQUIVALENT: fused loops cast the module's outputs alike.
+    rllib_ext_fused_equivalent = True
+
     @override(ConnectorV2)
     def __call__(self, *, batch: dict[str, Any], **kwargs: Any) -> Any:
         return to_float32(batch)

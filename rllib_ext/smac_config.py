@@ -19,9 +19,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+from rllib_ext.callbacks import add_callback
+from rllib_ext.envs import is_smac_env
+from rllib_ext.modules import masked_module_class
+
 __all__ = [
     "SHARED_POLICY_ID",
-    "add_callback",
     "apply_smac_defaults",
     "shared_policy_mapping",
     "smac_default_rl_module_spec",
@@ -36,37 +41,16 @@ def shared_policy_mapping(agent_id: Any, *args: Any, **kwargs: Any) -> str:
     return SHARED_POLICY_ID
 
 
-def add_callback(config: Any, callback: type, *, replaces: type | None = None) -> None:
-    """Adds ``callback`` to ``config.callbacks_class`` unless it (or a subclass) is there.
-
-    Keeps the user's callbacks; RLlib's do-nothing default ``RLlibCallback`` is replaced, and
-    so is any subclass of ``replaces`` (an earlier configuration of the same callback).
-    """
-    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
-    from ray.rllib.callbacks.callbacks import RLlibCallback
-
-    existing = config.callbacks_class
-    classes = list(existing) if isinstance(existing, (list, tuple)) else [existing]
-    if replaces is not None:
-        classes = [c for c in classes if not (isinstance(c, type) and issubclass(c, replaces))]
-    if any(isinstance(c, type) and issubclass(c, callback) for c in classes):
-        return
-    classes = [c for c in classes if c not in (None, RLlibCallback)] + [callback]
-    # RLlib's own setter, not rllib_ext.PPOConfig's (which calls back into this module).
-    AlgorithmConfig.callbacks(config, classes if len(classes) > 1 else classes[0])
-
-
 def apply_smac_defaults(config: Any) -> None:
     """Shared policy and the SMAC metrics callback for a SMAC env (idempotent, else no-op)."""
-    from rllib_ext.envs import is_smac_env
+    # lazy: rllib_ext.envs.smac loads the SMAX backend; keeps it out of import rllib_ext.config
+    from rllib_ext.envs.smac import SMACMetricsCallback
     from rllib_ext.envs.smac.env_runner import use_smax_vector_env_runner
 
     use_smax_vector_env_runner(config)  # SMAX + num_envs_per_env_runner > 1: batched stepping
 
     if not is_smac_env(config.env):
         return
-    from rllib_ext.envs.smac import SMACMetricsCallback
-
     if not config.is_multi_agent:
         config.multi_agent(policies={SHARED_POLICY_ID}, policy_mapping_fn=shared_policy_mapping)
     add_callback(config, SMACMetricsCallback)
@@ -78,12 +62,6 @@ def smac_default_rl_module_spec(config: Any) -> Any:
     ``model_config`` is left to RLlib, which fills in ``.rl_module(model_config=...)`` (where
     ``central_critic`` lives) when it builds the modules.
     """
-    from rllib_ext.envs import is_smac_env
-
     if not is_smac_env(config.env):
         return None
-    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
-
-    from rllib_ext.modules import masked_module_class
-
     return RLModuleSpec(module_class=masked_module_class(config.model_config))

@@ -24,15 +24,16 @@ import functools
 import logging
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import Any, TypeGuard
 
 from ray import tune as _tune
+from ray.rllib.algorithms.algorithm import Algorithm
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.tune import *  # noqa: F403 (the rest of Ray Tune, unchanged)
+from ray.tune.stopper import CombinedStopper, FunctionStopper, Stopper
 
-from rllib_ext.compat.resources import fit_resources_enabled
-
-if TYPE_CHECKING:
-    from ray.rllib.algorithms.algorithm import Algorithm
+from rllib_ext.compat.resources import fit_resources_enabled, resource_request
+from rllib_ext.config import PPO
 
 __all__ = ["MAX_ITERATIONS_ENV", "iteration_cap", "resolve_trainable", "run"]
 
@@ -45,8 +46,6 @@ MAX_ITERATIONS_ENV = "RLLIB_EXT_MAX_ITERATIONS"
 def resolve_trainable(run_or_experiment: Any) -> Any:
     """``"PPO"`` -> :class:`rllib_ext.PPO`; anything else unchanged."""
     if run_or_experiment == "PPO":
-        from rllib_ext.config import PPO
-
         return PPO
     return run_or_experiment
 
@@ -83,8 +82,6 @@ def _with_iteration_cap(stop: Any) -> Any:
         capped = dict(stop)
         capped["training_iteration"] = min(cap, capped.get("training_iteration", cap))
         return capped
-    from ray.tune.stopper import CombinedStopper, FunctionStopper, Stopper
-
     first = stop if isinstance(stop, Stopper) else FunctionStopper(stop)
     return CombinedStopper(first, FunctionStopper(functools.partial(_reached, cap)))
 
@@ -94,8 +91,6 @@ def _reached(cap: int, trial_id: str, result: Mapping[str, Any]) -> bool:
 
 
 def _is_rllib_trainable(trainable: Any) -> TypeGuard[type[Algorithm]]:
-    from ray.rllib.algorithms.algorithm import Algorithm
-
     return isinstance(trainable, type) and issubclass(trainable, Algorithm)
 
 
@@ -157,12 +152,8 @@ def run(
 
 
 def _explain_resources_per_trial(trainable: type[Algorithm], config: Any, asked: Any) -> None:
-    from rllib_ext.compat.resources import resource_request
-
     reserved = None
     if config is not None:
-        from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
-
         built = (
             config
             if isinstance(config, AlgorithmConfig)

@@ -2,7 +2,7 @@
 
 A checkpoint is written into a hidden temporary sibling (``.iter_000012.tmp-<pid>-<token>``):
 RLlib's own state (``Algorithm.save_to_path``), the rllib_ext settings
-(:data:`~rllib_ext.cli.runconfig.SETTINGS_FILE`) and the run counters (:data:`RUN_STATE_FILE`).
+(:data:`SETTINGS_FILE`) and the run counters (:data:`RUN_STATE_FILE`).
 Only then is the directory renamed to ``iter_000012``; a rename within one directory is atomic,
 so a directory named ``iter_NNNNNN`` that this module wrote always holds everything a resume
 needs. A kill at any moment leaves either the previous checkpoints untouched or one more
@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rllib_ext.cli.runconfig import SETTINGS_FILE, CLIError
+from rllib_ext.cli.errors import CLIError
 
 __all__ = [
     "COMMIT_DELAY_ENV",
@@ -43,6 +43,8 @@ __all__ = [
 
 logger = logging.getLogger("rllib_ext.cli")
 
+SETTINGS_FILE = "rllib_ext_settings.json"
+"""The rllib_ext settings of the run, inside every checkpoint; ``--resume`` starts from them."""
 RUN_STATE_FILE = "rllib_ext_run.json"
 """The run counters (:class:`RunState`) at the checkpoint, inside every checkpoint."""
 RLLIB_METADATA_FILE = "rllib_checkpoint.json"

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from rllib_ext import _rllib_private as private
 from rllib_ext._versions import TESTED, installed_version, tested_note
+from rllib_ext.ops.gae import kernel_backend
 
 __all__ = ["SECTIONS", "collect", "render"]
 
@@ -63,7 +64,7 @@ def _cpu_flag(check: Callable[[], bool]) -> str:
 
 def _accelerators() -> Rows:
     try:
-        import torch
+        import torch  # lazy: a missing torch is a row of the report, not a crash
     except ImportError:
         return [("torch", "not installed: no accelerator checks")]
     rows: Rows = []
@@ -104,8 +105,6 @@ def _backends() -> Rows:
                     f"{version} ({tested_note(distribution, installed_version(distribution))})"
                 )
             rows.append((module, version if version != "not installed" else "installed"))
-    from rllib_ext.ops.gae import kernel_backend
-
     backend = kernel_backend()
     hint = "compiled" if backend == "numba" else "numba missing or failed: pip install numba"
     rows.append(("GAE kernel", f"{backend} ({hint})"))

@@ -26,7 +26,8 @@ import sys
 from typing import Any, Literal
 
 from rllib_ext import _rllib_private as private
-from rllib_ext.cli.runconfig import CLIError
+from rllib_ext.cli.errors import CLIError
+from rllib_ext.envs import SMAC_ENV_DEFAULTS
 
 __all__ = ["EnvKind", "check_env", "configure_env"]
 
@@ -60,6 +61,7 @@ def _import_module(name: str, env: str, flag: str) -> Any:
 
 def _env_class(env: str, flag: str) -> type:
     """The class a ``pkg.module.Class`` path names; refuses anything but an env class."""
+    # lazy: keeps gymnasium and Ray out of --help
     import gymnasium as gym
     from ray.rllib.env.multi_agent_env import MultiAgentEnv
 
@@ -77,7 +79,7 @@ def _env_class(env: str, flag: str) -> type:
 
 
 def _check_gymnasium(env: str, env_config: dict[str, Any], flag: str) -> None:
-    import gymnasium as gym
+    import gymnasium as gym  # lazy: keeps gymnasium out of --help
 
     name = env.split(":", 1)[1] if ":" in env else env
     try:
@@ -102,7 +104,7 @@ def _check_gymnasium(env: str, env_config: dict[str, Any], flag: str) -> None:
 
 def _check_smac(env: str, env_config: dict[str, Any], flag: str) -> None:
     """SMAC names: settings valid, backend installed, map known; the game is not started."""
-    from rllib_ext.envs import SMAC_ENV_DEFAULTS
+    # lazy: rllib_ext.envs.smac imports Ray; keeps it out of --help
     from rllib_ext.envs.smac import sc2
     from rllib_ext.envs.smac.settings import SMACEnvSettings
 
@@ -128,7 +130,7 @@ def _check_smac(env: str, env_config: dict[str, Any], flag: str) -> None:
                 '--env-config \'{"backend": "smax"}\'.'
             )
         return
-    from rllib_ext.envs.smac.smax import smax_map_names
+    from rllib_ext.envs.smac.smax import smax_map_names  # lazy: keeps Ray out of --help
 
     try:
         maps = smax_map_names()
@@ -145,7 +147,7 @@ def _check_smac(env: str, env_config: dict[str, Any], flag: str) -> None:
 
 def _guarded(env: str) -> bool:
     """True if ``env`` is registered only because an earlier run guarded it (same process)."""
-    from rllib_ext.envs.guard import GuardedCreator
+    from rllib_ext.envs.guard import GuardedCreator  # lazy: keeps Ray out of --help
 
     return isinstance(private.registered_env_creator(env), GuardedCreator)
 
@@ -160,8 +162,6 @@ def check_env(env: str, env_config: dict[str, Any], *, flag: str = "--env") -> E
         CLIError: the name resolves nowhere, its module does not import, the class is not an
             env, the env cannot be built with ``env_config``, or a SMAC backend/map is missing.
     """
-    from rllib_ext.envs import SMAC_ENV_DEFAULTS
-
     if env in SMAC_ENV_DEFAULTS:
         _check_smac(env, env_config, flag)
         return "registered"
@@ -174,7 +174,7 @@ def check_env(env: str, env_config: dict[str, Any], *, flag: str = "--env") -> E
         _import_module(module_name, env, flag)
         _check_gymnasium(env, env_config, flag)
         return "module"
-    import gymnasium as gym
+    import gymnasium as gym  # lazy: keeps gymnasium out of --help
 
     if "." in env and env not in gym.registry:
         _env_class(env, flag)
@@ -191,6 +191,7 @@ def configure_env(config: Any, settings: Any) -> None:
     (fault isolation unless ``--restart-failed-env-runners false``, ``--non-finite``) and
     RLlib's ``restart_failed_env_runners`` follow the settings.
     """
+    # lazy: keeps gymnasium and Ray out of --help
     import gymnasium as gym
     from ray.rllib.env.multi_agent_env import MultiAgentEnv
     from ray.tune.registry import register_env
@@ -208,6 +209,7 @@ def configure_env(config: Any, settings: Any) -> None:
     # process (an earlier run, the pre-Ray check) must still get its shared policy.
     is_class_path = ":" not in env and "." in env and env not in gym.registry
     if is_class_path and issubclass(_env_class(env, "--env"), MultiAgentEnv):
+        # lazy: keeps Ray out of --help
         from rllib_ext.smac_config import SHARED_POLICY_ID, shared_policy_mapping
 
         if not config.is_multi_agent:

@@ -33,7 +33,10 @@ from typing import Any
 
 import numpy as np
 
-from rllib_ext.cli.runconfig import CLIError, resolve_checkpoint, saved_settings
+from rllib_ext.cli.envs import check_env
+from rllib_ext.cli.errors import CLIError
+from rllib_ext.cli.ppo_config import build_algo_config
+from rllib_ext.cli.runconfig import resolve_checkpoint, saved_settings
 
 __all__ = ["EvaluationResult", "evaluate", "load_checkpoint_config"]
 
@@ -89,12 +92,11 @@ def load_checkpoint_config(checkpoint: Path) -> Any:
     """
     settings = saved_settings(checkpoint)
     if settings is not None:
-        from rllib_ext.cli.ppo_config import build_algo_config
-
         # The user's training callbacks (--callbacks) are not needed to play episodes.
         return build_algo_config(dataclasses.replace(settings, callbacks=[])).copy(
             copy_frozen=False
         )
+    # lazy: keeps Ray out of the input checks (a bad path fails at once)
     from ray.rllib.core import COMPONENT_ENV_RUNNER
     from ray.rllib.utils.checkpoints import Checkpointable
 
@@ -118,6 +120,7 @@ def _play(config: Any, checkpoint: Path, episodes: int, explore: bool) -> list[A
     Multi-agent checkpoints (SMAC, PettingZoo) play on RLlib's ``MultiAgentEnvRunner``; their
     episode returns are summed over agents.
     """
+    # lazy: keeps Ray out of the input checks (a bad path fails at once)
     from ray.rllib.core import (
         COMPONENT_ENV_RUNNER,
         COMPONENT_LEARNER,
@@ -146,6 +149,7 @@ def _recording_env(
     env_id: str, env_config: dict[str, Any], video_dir: str, env_context: Any = None
 ) -> Any:
     """``env_id`` rendering to ``rgb_array``, one video per episode in ``video_dir``."""
+    # lazy: keeps gymnasium out of the input checks
     import gymnasium as gym
     from gymnasium.wrappers import RecordVideo
 
@@ -159,7 +163,7 @@ def _record_videos(config: Any, video_dir: Path) -> None:
     Raises:
         CLIError: moviepy missing, a multi-agent checkpoint, or an env that is no gymnasium id.
     """
-    import gymnasium as gym
+    import gymnasium as gym  # lazy: keeps gymnasium out of the input checks
 
     if importlib.util.find_spec("moviepy") is None:
         raise CLIError(
@@ -209,8 +213,6 @@ def evaluate(
     path = resolve_checkpoint(checkpoint, flag="evaluate")
     config = load_checkpoint_config(path).copy(copy_frozen=False)
     if env is not None or env_config is not None:
-        from rllib_ext.cli.envs import check_env
-
         env = env or config.env
         env_config = dict(env_config if env_config is not None else config.env_config)
         if not config.is_multi_agent:
@@ -224,7 +226,7 @@ def evaluate(
     if video_dir is not None:
         video_dir = Path(video_dir)
         _record_videos(config, video_dir)
-    from rllib_ext.envs.smac import battle_info
+    from rllib_ext.envs.smac import battle_info  # lazy: keeps Ray out of the input checks
 
     played = _play(config, path, episodes, explore)
     infos = [battle_info(e) for e in played]

@@ -13,7 +13,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from rllib_ext.cli.runconfig import CLIError
+from rllib_ext.cli.errors import CLIError
 
 __all__ = ["ADDRESS_TIMEOUT_S", "check_address", "check_inputs", "one_line_error"]
 

@@ -16,10 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import ray.exceptions
+
 from rllib_ext.cli.checkpoints import RunState, commit_checkpoint, scan
+from rllib_ext.cli.errors import CLIError
 from rllib_ext.cli.interrupts import RunInterrupted, Signals
 from rllib_ext.cli.progress import IterationStats, ProgressReporter
-from rllib_ext.cli.runconfig import CLIError, TrainSettings
+from rllib_ext.cli.runconfig import TrainSettings
 
 __all__ = [
     "LoopOutcome",
@@ -214,8 +217,6 @@ def lost_cluster_member(exc: BaseException) -> str | None:
     learners that survive fail in their all-reduce with the peer gone, which Ray hands over as a
     ``RayTaskError``. Any other error is a bug to show in full.
     """
-    import ray.exceptions
-
     cause: BaseException = exc
     if isinstance(exc, ray.exceptions.RayTaskError):
         cause = exc.cause if exc.cause is not None else exc

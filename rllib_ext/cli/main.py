@@ -7,13 +7,20 @@ the value, the allowed values and the fix, with exit status 2.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any, NoReturn
 
+from rllib_ext._validation import is_allowed
+from rllib_ext.cli.errors import CLIError
+from rllib_ext.cli.inputs import one_line_error
 from rllib_ext.cli.options import ALL_OPTIONS, GROUPS
-from rllib_ext.cli.runconfig import CLIError
+from rllib_ext.cli.presets import preset_names, render_presets
+from rllib_ext.cli.profile import profile, render
+from rllib_ext.cli.runconfig import CORE_OPTIONS, EXTENSION_OPTIONS, Option, resolve_settings
 
 __all__ = ["main"]
 
@@ -34,8 +41,6 @@ class _Parser(argparse.ArgumentParser):
 def _version() -> str:
     # From the installed metadata: `import rllib_ext.__version__` would not import Ray, but the
     # package's public names do, and --help must stay fast.
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("rllib-ext")
     except PackageNotFoundError:
@@ -178,7 +183,7 @@ def _add_run_options(
         "--preset",
         metavar="NAME",
         help="per-env settings shipped with rllib_ext, below --config/--training/--set/flags: "
-        f"{', '.join(_preset_names())} ('rllib-ext presets' describes them) (default: none; "
+        f"{', '.join(preset_names())} ('rllib-ext presets' describes them) (default: none; "
         "'smac' for SMAC envs)",
     )
     for option in ALL_OPTIONS:
@@ -204,18 +209,12 @@ def _add_run_options(
     return groups
 
 
-def _preset_names() -> list[str]:
-    from rllib_ext.cli.presets import preset_names
-
-    return preset_names()
-
-
 def _option_values(args: argparse.Namespace) -> dict[str, str]:
     return {o.key: getattr(args, o.key) for o in ALL_OPTIONS if hasattr(args, o.key)}
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from rllib_ext.cli.runconfig import resolve_settings
+    # lazy: imports Ray; keeps it out of --help
     from rllib_ext.cli.train import summary_table, train
 
     settings = resolve_settings(
@@ -230,10 +229,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
-    from rllib_ext._validation import is_allowed
-    from rllib_ext.cli.profile import profile, render
-    from rllib_ext.cli.runconfig import EXTENSION_OPTIONS, resolve_settings
-
     settings = resolve_settings(
         _option_values(args),
         config_file=args.config,
@@ -266,8 +261,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from rllib_ext.cli.evaluate import evaluate
-    from rllib_ext.cli.runconfig import CORE_OPTIONS, Option
+    from rllib_ext.cli.evaluate import evaluate  # lazy: keeps numpy out of --help
 
     def convert(key: str, flag: str, value: str | None) -> Any:
         if value is None:
@@ -294,8 +288,6 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         video_dir=args.video,
     )
     if args.json:
-        import json
-
         print(json.dumps(result.to_dict()))
         return EXIT_OK
     returns = result.returns
@@ -316,16 +308,14 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def _cmd_presets(args: argparse.Namespace) -> int:
-    from rllib_ext.cli.presets import render_presets
-
     print(render_presets())
     return EXIT_OK
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from rllib_ext.cli.doctor import collect, render
+    from rllib_ext.cli import doctor  # lazy: keeps numpy out of --help
 
-    print(render(collect()), end="")
+    print(doctor.render(doctor.collect()), end="")
     return EXIT_OK
 
 
@@ -368,8 +358,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CLIError as exc:
         return _error(str(exc))
     except Exception as exc:  # bad input found late (corrupt checkpoint, non-UTF-8 file)
-        from rllib_ext.cli.inputs import one_line_error
-
         message = one_line_error(
             exc,
             checkpoint=getattr(args, "resume", None) or getattr(args, "checkpoint", None),

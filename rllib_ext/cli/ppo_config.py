@@ -7,7 +7,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from rllib_ext.cli.runconfig import DEFAULT_TRAINING, CLIError, TrainSettings
+from rllib_ext.cli.envs import check_env, configure_env
+from rllib_ext.cli.errors import CLIError
+from rllib_ext.cli.inputs import check_inputs
+from rllib_ext.cli.runconfig import DEFAULT_TRAINING, TrainSettings
+from rllib_ext.cli.tracking import check_tracking, load_callbacks
 
 __all__ = [
     "build_algo_config",
@@ -25,15 +29,11 @@ def check_settings(settings: TrainSettings) -> None:
         CLIError: unknown env, env_config the env rejects, GPUs requested without CUDA,
             or PPO settings RLlib rejects.
     """
-    from rllib_ext.cli.envs import check_env
-    from rllib_ext.cli.inputs import check_inputs
-    from rllib_ext.cli.tracking import check_tracking
-
     check_inputs(settings)
     check_env(settings.env, settings.env_config)
     check_tracking(settings)
     if settings.num_gpus_per_learner > 0 and settings.address is None:
-        import torch
+        import torch  # lazy: keeps torch out of --help
 
         if not torch.cuda.is_available():
             raise CLIError(
@@ -57,7 +57,7 @@ def build_algo_config(settings: TrainSettings, *, config_cls: type | None = None
     Raises:
         CLIError: a ``--training`` key or value that RLlib or rllib_ext rejects.
     """
-    from rllib_ext.config import PPOConfig
+    from rllib_ext.config import PPOConfig  # lazy: keeps Ray out of --help
 
     config_cls = config_cls or PPOConfig
     training = {**DEFAULT_TRAINING, **settings.training}
@@ -86,12 +86,9 @@ def build_algo_config(settings: TrainSettings, *, config_cls: type | None = None
     except (TypeError, ValueError) as exc:
         raise CLIError(f"PPO rejected the settings: {exc}") from None
     if issubclass(config_cls, PPOConfig):
-        from rllib_ext.cli.envs import configure_env
-
         configure_env(config, settings)
     if settings.callbacks:
-        from rllib_ext.cli.tracking import load_callbacks
-        from rllib_ext.smac_config import add_callback
+        from rllib_ext.callbacks import add_callback  # lazy: keeps Ray out of --help
 
         for callback in load_callbacks(settings.callbacks):
             add_callback(config, callback)

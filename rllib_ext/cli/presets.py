@@ -34,6 +34,12 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+import yaml
+
+from rllib_ext.cli.conversion import convert_values
+from rllib_ext.cli.errors import CLIError
+from rllib_ext.envs import SMAC_ENV_DEFAULTS, is_smac_env
+
 __all__ = [
     "EXPLICIT_REASON",
     "SMAC_PRESET",
@@ -70,7 +76,7 @@ class Preset:
     name: str
     description: str
     values: dict[str, Any]
-    """Converted option values, as :func:`rllib_ext.cli.runconfig.load_yaml` returns them."""
+    """Converted option values, as :func:`rllib_ext.cli.conversion.load_yaml` returns them."""
 
 
 @dataclass(frozen=True)
@@ -101,10 +107,6 @@ def load_preset(name: str) -> Preset:
     Raises:
         CLIError: no preset of that name (the message lists them), or a bad key/value.
     """
-    import yaml
-
-    from rllib_ext.cli.runconfig import CLIError, convert_values
-
     files = _files()
     if name not in files:
         close = difflib.get_close_matches(name, list(files), n=1)
@@ -150,8 +152,6 @@ def choose_preset(env: str, env_config: Mapping[str, Any] | None = None) -> Pres
     ``env_config`` the env rejects gets :data:`SMAC_PRESET` (the run then stops at the env
     check before ``ray.init``, which names the bad key).
     """
-    from rllib_ext.envs import is_smac_env
-
     if not is_smac_env(env):
         return PresetChoice(None, f"env {env} has no preset")
     try:
@@ -174,7 +174,7 @@ def auto_preset(env: str, env_config: Mapping[str, Any] | None = None) -> str | 
 
 
 def _map_name(env_config: Mapping[str, Any] | None) -> str:
-    from rllib_ext.envs.smac.settings import SMACEnvSettings
+    from rllib_ext.envs.smac.settings import SMACEnvSettings  # lazy: keeps Ray out of --help
 
     return str((env_config or {}).get("map_name", SMACEnvSettings.map_name))
 
@@ -186,10 +186,9 @@ def env_backend(env: str, env_config: Mapping[str, Any]) -> str | None:
     Raises:
         ValueError: an ``env_config`` the SMAC env rejects.
     """
-    from rllib_ext.envs import SMAC_ENV_DEFAULTS, is_smac_env
-
     if not is_smac_env(env):
         return None
+    # lazy: rllib_ext.envs.smac imports Ray; keeps it out of --help
     from rllib_ext.envs.smac.factory import resolve_backend
     from rllib_ext.envs.smac.settings import SMACEnvSettings
 

@@ -15,7 +15,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from rllib_ext.cli.runconfig import CLIError, TrainSettings
+from rllib_ext.cli.errors import CLIError
+from rllib_ext.cli.ppo_config import build_algo_config, check_settings, ray_init_kwargs
+from rllib_ext.cli.runconfig import TrainSettings
 from rllib_ext.cli.values import int_at_least
 
 __all__ = ["parse_count", "profile", "render"]
@@ -51,10 +53,10 @@ def profile(
     Raises:
         CLIError: bad settings, ``iterations < 1``, ``warmup < 0`` or an unwritable ``out_dir``.
     """
+    # lazy: keeps Ray out of --help
     import ray
     from ray.rllib.algorithms.ppo import PPOConfig as RLlibPPOConfig
 
-    from rllib_ext.cli.ppo_config import build_algo_config, check_settings, ray_init_kwargs
     from rllib_ext.profiling import TRACE_FILE, check_out_dir, enable_profiling
 
     timed = parse_count("--iterations", iterations, minimum=1, example=3)

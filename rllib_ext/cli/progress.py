@@ -8,6 +8,8 @@ import math
 import sys
 from dataclasses import dataclass
 
+from tqdm.auto import tqdm
+
 __all__ = ["IterationStats", "ProgressReporter", "estimate_eta"]
 
 logger = logging.getLogger("rllib_ext.cli")
@@ -95,8 +97,6 @@ class ProgressReporter:
         use_bar = sys.stderr.isatty() if enabled is None else enabled
         self._bar = None
         if use_bar:
-            from tqdm.auto import tqdm
-
             self._bar = tqdm(
                 total=stop_timesteps,
                 initial=initial_env_steps,

@@ -19,6 +19,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import ray
+
+from rllib_ext import _rllib_private as private
+from rllib_ext.cli.errors import CLIError
+
 __all__ = ["AUTH_FIX", "auth_failure", "client_auth", "init_ray", "probe_auth", "token_source"]
 
 logger = logging.getLogger("rllib_ext.cli")
@@ -136,11 +141,6 @@ def init_ray(init_kwargs: dict[str, Any]) -> None:
     Raises:
         CLIError: Ray refused the connection for authentication (one line).
     """
-    import ray
-
-    from rllib_ext import _rllib_private as private
-    from rllib_ext.cli.runconfig import CLIError
-
     address = init_kwargs.get("address")
     if address in (None, "local", "auto"):
         ray.init(**init_kwargs)

@@ -1,5 +1,5 @@
-"""Settings of ``rllib-ext train``: YAML merging, checkpoint lookup and conversion over the
-option table of :mod:`rllib_ext.cli.options`.
+"""Settings of ``rllib-ext train``: the layers merged, over the option table of
+:mod:`rllib_ext.cli.options` (values converted by :mod:`rllib_ext.cli.conversion`).
 
 Precedence, lowest first:
 
@@ -31,7 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rllib_ext._validation import unknown_keys_error
+from rllib_ext.cli.checkpoints import SETTINGS_FILE, find_checkpoint
+from rllib_ext.cli.conversion import BY_KEY, convert_option, load_yaml
+from rllib_ext.cli.errors import CLIError
 from rllib_ext.cli.options import (
     ALL_OPTIONS,
     CORE_OPTIONS,
@@ -40,6 +42,8 @@ from rllib_ext.cli.options import (
     Option,
     parse_set_value,
 )
+from rllib_ext.cli.presets import EXPLICIT_REASON, choose_preset, load_preset
+from rllib_ext.envs import is_smac_env
 from rllib_ext.settings import split_extension_kwargs
 
 __all__ = [
@@ -47,24 +51,12 @@ __all__ = [
     "CORE_OPTIONS",
     "DEFAULT_TRAINING",
     "EXTENSION_OPTIONS",
-    "CLIError",
     "Option",
     "TrainSettings",
-    "load_yaml",
     "resolve_checkpoint",
     "resolve_settings",
     "saved_settings",
 ]
-
-SETTINGS_FILE = "rllib_ext_settings.json"
-"""Written into every checkpoint directory; ``--resume`` starts from these settings."""
-
-
-class CLIError(Exception):
-    """Bad user input. ``main`` prints it as one ``rllib-ext: error: ...`` line."""
-
-
-_BY_KEY: dict[str, Option] = {opt.key: opt for opt in ALL_OPTIONS}
 
 
 @dataclass
@@ -126,70 +118,6 @@ def _copy_default(option: Option) -> Any:
     return option.default
 
 
-def _convert(option: Option, value: Any, where: str) -> Any:
-    try:
-        return option.convert(value)
-    except ValueError as exc:
-        raise CLIError(
-            f"{where} {value!r} {exc}. Fix: e.g. {option.flag} {option.example}"
-        ) from None
-
-
-def _unknown_key(key: str, source: str) -> CLIError:
-    error = unknown_keys_error(
-        [key],
-        [o.key for o in ALL_OPTIONS],
-        what=f"key in {source}",
-        fix="remove or rename the key; PPO settings go under 'training:'.",
-    )
-    return CLIError(str(error))
-
-
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Reads a ``--config`` YAML file into converted option values.
-
-    Keys are the option keys (``num_env_runners: 1``); dashes are accepted too.
-
-    Raises:
-        CLIError: missing file, invalid YAML, not a mapping, unknown key or bad value.
-    """
-    import yaml
-
-    path = Path(path)
-    if not path.is_file():
-        raise CLIError(f"--config {str(path)!r}: no such file. Fix: pass an existing YAML file.")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise CLIError(f"--config {str(path)!r} is not valid YAML ({first}).") from None
-    if data is None:
-        return {}
-    if not isinstance(data, Mapping):
-        raise CLIError(
-            f"--config {str(path)!r} must hold a mapping (key: value lines), got "
-            f"{type(data).__name__}. Fix: write e.g. 'num_env_runners: 1'."
-        )
-    return convert_values(data, source=f"--config {str(path)!r}", where=path.name)
-
-
-def convert_values(
-    data: Mapping[str, Any], *, source: str, where: str | None = None
-) -> dict[str, Any]:
-    """A YAML mapping (``--config`` file or preset) -> converted option values.
-
-    Raises:
-        CLIError: unknown key or bad value, naming ``source``.
-    """
-    values: dict[str, Any] = {}
-    for raw_key, value in data.items():
-        key = str(raw_key).replace("-", "_")
-        if key not in _BY_KEY:
-            raise _unknown_key(str(raw_key), source)
-        values[key] = _convert(_BY_KEY[key], value, f"{key}: in {where or source}:")
-    return values
-
-
 def resolve_checkpoint(path: str | Path, *, flag: str) -> Path:
     """Finds the RLlib algorithm checkpoint that ``path`` names (absolute path).
 
@@ -199,8 +127,6 @@ def resolve_checkpoint(path: str | Path, *, flag: str) -> Path:
     Raises:
         CLIError: nothing usable at ``path``.
     """
-    from rllib_ext.cli.checkpoints import find_checkpoint
-
     return find_checkpoint(path, flag=flag)
 
 
@@ -209,12 +135,12 @@ def _checkpoint_values(checkpoint: Path) -> dict[str, Any]:
     if not file.is_file():
         return {}
     saved = json.loads(file.read_text())
-    values = {k: v for k, v in saved.items() if k in _BY_KEY and k != "extensions"}
+    values = {k: v for k, v in saved.items() if k in BY_KEY and k != "extensions"}
     values.update(saved.get("extensions", {}))
     # Where this run writes and what it resumes are never inherited.
     for key in ("resume", "run_dir", "checkpoint_dir", "address"):
         values.pop(key, None)
-    return {k: v for k, v in values.items() if k in _BY_KEY}
+    return {k: v for k, v in values.items() if k in BY_KEY}
 
 
 def saved_settings(checkpoint: Path) -> TrainSettings | None:
@@ -259,7 +185,7 @@ def _training_layer(training: Mapping[str, Any], source: str) -> _Layer:
         raise CLIError(f"{source}: {exc}") from None
     converted = {}
     for key, value in ext.items():
-        option = _BY_KEY[key]
+        option = BY_KEY[key]
         try:
             converted[key] = option.convert(value)
         except ValueError as exc:
@@ -304,7 +230,7 @@ def resolve_settings(
     Raises:
         CLIError: for any bad key or value, with the fix.
     """
-    flags = {k: _convert(_BY_KEY[k], v, _BY_KEY[k].flag) for k, v in cli_values.items()}
+    flags = {k: convert_option(BY_KEY[k], v, BY_KEY[k].flag) for k, v in cli_values.items()}
     from_yaml = load_yaml(config_file) if config_file else {}
     resume = flags.get("resume", from_yaml.get("resume"))
     inherited: dict[str, Any] = {}
@@ -313,8 +239,6 @@ def resolve_settings(
         inherited = _checkpoint_values(checkpoint)
         inherited["resume"] = str(checkpoint)
     cli_training = flags.pop("training", {})
-    from rllib_ext.cli.presets import EXPLICIT_REASON, choose_preset, load_preset
-
     user = [
         _layer(from_yaml, f"--config {config_file!r}"),
         _training_layer(cli_training, "--training"),
@@ -328,7 +252,7 @@ def resolve_settings(
     else:
         # Chosen on what the run would be without a preset: the winning env and env_config.
         choice = choose_preset(
-            _top(layers, "env", _BY_KEY["env"].default), _top(layers, "env_config", {})
+            _top(layers, "env", BY_KEY["env"].default), _top(layers, "env_config", {})
         )
         preset, reason, at = choice.name, choice.reason, 0
     preset_layer = None
@@ -370,6 +294,4 @@ def _shares_env_config(env: Any, preset_env: Any) -> bool:
     ``env_config`` schema, :class:`rllib_ext.envs.smac.SMACEnvSettings`)."""
     if env == preset_env:
         return True
-    from rllib_ext.envs import is_smac_env
-
     return is_smac_env(env) and is_smac_env(preset_env)

@@ -13,7 +13,8 @@ from datetime import datetime
 from pathlib import Path
 
 from rllib_ext.cli.checkpoints import RunState, read_run_state, scan
-from rllib_ext.cli.runconfig import CLIError, TrainSettings
+from rllib_ext.cli.errors import CLIError
+from rllib_ext.cli.runconfig import TrainSettings
 
 __all__ = ["RunPlan", "plan_run"]
 

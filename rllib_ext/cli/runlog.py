@@ -157,26 +157,12 @@ def trim_after(run_dir: Path, iteration: int) -> None:
     _trim_json(run_dir / RESULT_FILE, iteration)
     _trim_csv(run_dir / PROGRESS_FILE, iteration)
     if any(run_dir.glob("events.out.tfevents.*")):
-        from tensorboardX import SummaryWriter
+        from tensorboardX import SummaryWriter  # lazy: optional, only for TensorBoard files
 
         # purge_step: TensorBoard drops earlier events whose step is >= it.
         SummaryWriter(
             logdir=str(run_dir), purge_step=iteration + 1, filename_suffix=_PURGE_SUFFIX
         ).close()
-
-
-def logged_iterations(run_dir: Path) -> list[int]:
-    """``training_iteration`` of every complete row of ``result.json``, in file order."""
-    path = run_dir / RESULT_FILE
-    if not path.exists():
-        return []
-    out = []
-    for line in _complete_lines(path.read_text()):
-        try:
-            out.append(int(json.loads(line)["training_iteration"]))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            continue
-    return out
 
 
 class ProgressCsvCallback(LoggerCallback):

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import ray
+
+from rllib_ext import __version__
 from rllib_ext.cli.checkpoints import write_json_atomic
 from rllib_ext.cli.runconfig import DEFAULT_TRAINING, TrainSettings
 
@@ -61,10 +64,6 @@ class TrainResult:
 
 
 def write_summary(result: TrainResult) -> Path:
-    import ray
-
-    from rllib_ext import __version__
-
     summary = {
         "episode_return_mean": result.episode_return_mean,
         "win_rate": result.win_rate,

@@ -20,7 +20,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from rllib_ext.cli.runconfig import CLIError, TrainSettings
+from rllib_ext.cli.errors import CLIError
+from rllib_ext.cli.runconfig import TrainSettings
 
 __all__ = ["MLFLOW_EXPERIMENT", "check_tracking", "load_callbacks", "tracker_callbacks"]
 
@@ -55,7 +56,7 @@ def load_callbacks(paths: Sequence[str]) -> list[type]:
         CLIError: a module that does not import, a missing name, or a class that is not an
             RLlib callback (``ray.rllib.callbacks.callbacks.RLlibCallback`` subclass).
     """
-    from ray.rllib.callbacks.callbacks import RLlibCallback
+    from ray.rllib.callbacks.callbacks import RLlibCallback  # lazy: keeps Ray out of --help
 
     fix = (
         "Fix: pass 'pkg.module:Class' with a subclass of "
@@ -105,12 +106,12 @@ def tracker_callbacks(settings: TrainSettings) -> list[Any]:
     trackers: list[Any] = []
     if settings.wandb_project is not None:
         _require("wandb", "--wandb-project")
-        from ray.air.integrations.wandb import WandbLoggerCallback
+        from ray.air.integrations.wandb import WandbLoggerCallback  # lazy: optional (wandb)
 
         trackers.append(WandbLoggerCallback(project=settings.wandb_project, resume="allow"))
     if settings.mlflow_tracking_uri is not None:
         _require("mlflow", "--mlflow-tracking-uri")
-        from ray.air.integrations.mlflow import MLflowLoggerCallback
+        from ray.air.integrations.mlflow import MLflowLoggerCallback  # lazy: optional (mlflow)
 
         trackers.append(
             MLflowLoggerCallback(

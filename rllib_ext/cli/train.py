@@ -22,7 +22,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import ray
+from ray.train.constants import DEFAULT_STORAGE_PATH
+from tqdm.contrib.logging import logging_redirect_tqdm
+
 from rllib_ext.cli.checkpoints import write_json_atomic
+from rllib_ext.cli.errors import CLIError
 from rllib_ext.cli.interrupts import Signals
 from rllib_ext.cli.loop import (
     LoopOutcome,
@@ -39,13 +44,15 @@ from rllib_ext.cli.ppo_config import (
     check_settings,
     ray_init_kwargs,
 )
+from rllib_ext.cli.presets import env_backend, log_preset
 from rllib_ext.cli.progress import ProgressReporter
 from rllib_ext.cli.ray_auth import init_ray
-from rllib_ext.cli.runconfig import CLIError, TrainSettings
+from rllib_ext.cli.runconfig import TrainSettings
 from rllib_ext.cli.rundir import SETTINGS_JSON, RunPlan, plan_run
 from rllib_ext.cli.runlog import RunLog, trim_after
 from rllib_ext.cli.sinks import TrainResult, summary_table, write_summary
 from rllib_ext.cli.tracking import tracker_callbacks
+from rllib_ext.cli.watchdog import start_learner_watchdog
 
 __all__ = [
     "Segment",
@@ -108,8 +115,6 @@ def train(
         settings = dataclasses.replace(settings, seed=secrets.randbelow(2**31))
     check_settings(settings)
     config = build_algo_config(settings, config_cls=config_cls)
-    from rllib_ext.cli.presets import env_backend, log_preset
-
     log_preset(settings)  # "preset: NAME (why)"
     backend = env_backend(settings.env, settings.env_config)
     if backend is not None:
@@ -161,8 +166,6 @@ def _run(
     progress: bool | None,
     quiet_ray: Mapping[str, Any],
 ) -> LoopOutcome:
-    import ray
-
     init_kwargs = {**ray_init_kwargs(settings), **quiet_ray}
     owns_ray = not ray.is_initialized()
     _log_settings(settings, config, init_kwargs if owns_ray else {"reused": True})
@@ -182,8 +185,6 @@ def _run(
             logger.info("resumed from %s at iteration %d", plan.resume, algo.iteration)
             if plan.base.iteration != algo.iteration:  # a checkpoint without rllib_ext counters
                 segment.base = dataclasses.replace(segment.base, iteration=int(algo.iteration))
-        from rllib_ext.cli.watchdog import start_learner_watchdog
-
         watchdog = start_learner_watchdog(algo, settings, plan.checkpoint_dir, signals)
         with signals.deferred():
             trim_after(plan.run_dir, segment.base.iteration if plan.continues_here else 0)
@@ -197,8 +198,6 @@ def _run(
         )
         redirect = contextlib.nullcontext()
         if reporter.uses_bar:
-            from tqdm.contrib.logging import logging_redirect_tqdm
-
             redirect = logging_redirect_tqdm(loggers=[logger])
         with redirect:
             return run_training_loop(
@@ -256,9 +255,8 @@ def quiet_console(settings: TrainSettings, *, verbose: bool) -> dict[str, Any]:
     both raised to ``ERROR`` in this process (the driver) for the rest of it, and in every
     worker by :func:`quiet_worker`, since Ray shows the workers' output on this console. With
     no GPU requested, the GPUtil hint is dropped even when ``verbose``: it only concerns GPUs.
+    Ray, imported by this module, has set up its loggers already (which would reset these levels).
     """
-    import ray  # noqa: F401  # sets up Ray's loggers first, which would reset the levels set here
-
     tune_util = logging.getLogger("ray.tune.utils.util")
     for old in [f for f in tune_util.filters if isinstance(f, _DropGPUtilHint)]:
         tune_util.removeFilter(old)
@@ -286,8 +284,6 @@ def _drop_empty_tune_logdir(algo: Any) -> None:
     Outside Tune, RLlib's ``Trainable`` base makes a log directory under ``~/ray_results`` that
     nothing writes to; this run's results go to its run directory instead.
     """
-    from ray.train.constants import DEFAULT_STORAGE_PATH
-
     logdir = Path(algo.logdir)
     if logdir.parent == Path(DEFAULT_STORAGE_PATH) and logdir.is_dir():
         with contextlib.suppress(OSError):  # not empty, or already gone: leave it

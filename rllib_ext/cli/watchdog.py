@@ -7,6 +7,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from rllib_ext.cli.checkpoints import scan
+from rllib_ext.learners.health import LearnerWatchdog
+
 __all__ = ["start_learner_watchdog"]
 
 
@@ -18,9 +21,6 @@ def start_learner_watchdog(algo: Any, settings: Any, checkpoint_dir: Path, signa
         checkpoint_dir: where the run's checkpoints go (the message names the newest one).
         signals: the run's ``Signals``; once one arrived, a silent learner ends the run at once.
     """
-    from rllib_ext.cli.checkpoints import scan
-    from rllib_ext.learners.health import LearnerWatchdog
-
     watchdog = LearnerWatchdog(
         algo,
         timeout_s=settings.learner_timeout,

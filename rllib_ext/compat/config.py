@@ -31,8 +31,10 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+import ray
 from ray.rllib.algorithms.algorithm_config import DEPRECATED_VALUE, AlgorithmConfig, NotProvided
 from ray.rllib.utils.annotations import override
+from ray.util import log_once
 
 from rllib_ext.compat.metrics import legacy_metrics_on_train_result
 from rllib_ext.compat.resources import (
@@ -59,8 +61,6 @@ ROLLOUT_RENAMES: dict[str, str] = {
 
 
 def _log_mapping(old: str, new: str) -> None:
-    from ray.util import log_once
-
     if log_once(f"rllib_ext_compat_{old}"):
         logger.warning("2023 API: %s -> %s", old, new)
 
@@ -324,8 +324,6 @@ class LegacyAPIMixin(_ConfigBase):
     @override(AlgorithmConfig)
     def validate(self) -> None:
         super().validate()
-        import ray
-
         if ray.is_initialized():
             # Only once Ray runs is it known what exists. The main process is Tune's to
             # count (rllib_ext.PPO.default_resource_request); here only Ray's actors.

@@ -24,6 +24,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+import ray
+import torch
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+from ray.util import log_once
+
 __all__ = [
     "FIT_RESOURCES_ENV",
     "Machine",
@@ -160,15 +165,11 @@ class Machine:
 
 def machine() -> Machine:
     """The running Ray cluster's resources, else this machine's (what ``ray.init()`` would see)."""
-    import ray
-
     if ray.is_initialized():
         total = ray.cluster_resources()
         return Machine(
             cpu=float(total.get("CPU", 0)), gpu=float(total.get("GPU", 0)), where="this Ray cluster"
         )
-    import torch
-
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return Machine(cpu=float(os.cpu_count() or 1), gpu=float(gpus), where="this machine")
 
@@ -214,8 +215,6 @@ def fit_to_machine(config: Any, *, have: Machine | None = None) -> dict[str, Any
         The changed settings, ``{name: (old, new)}`` (empty when the config already fits).
         The changes are applied through RLlib's own ``.learners()`` / ``.env_runners()``.
     """
-    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
-
     have = have or machine()
     changes: dict[str, Any] = {}
     n_learners, gpl = int(config.num_learners), float(config.num_gpus_per_learner)
@@ -270,8 +269,6 @@ def fit_to_machine(config: Any, *, have: Machine | None = None) -> dict[str, Any
         config.communication_type = "gloo"
         changes["communication_type"] = ("nccl", "gloo")
     if changes:
-        from ray.util import log_once
-
         summary = ", ".join(f"{k} {_fmt(a)} -> {_fmt(b)}" for k, (a, b) in changes.items())
         if log_once(f"rllib_ext_fit_{summary}_{have}"):
             logger.warning(

@@ -38,9 +38,9 @@ from ray.rllib.utils.annotations import override
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 from ray.rllib.utils.typing import EpisodeType
 
-__all__ = ["DEATH_MASKING_KEY", "DeathMask", "NO_OP_ACTIONS", "dead_rows", "wants_death_masking"]
+from rllib_ext.modules.learner_options import wants_death_masking
 
-DEATH_MASKING_KEY = "death_masking"
+__all__ = ["DeathMask", "NO_OP_ACTIONS", "dead_rows"]
 
 NO_OP_ACTIONS: tuple[int, ...] = (0, 4)
 """The action a dead agent is left with: SMAC/SMACv2 index 0 ("no-op"), SMAX index 4 ("stop");
@@ -69,11 +69,6 @@ def dead_rows(action_mask: torch.Tensor) -> torch.Tensor:
 
 def _tensor(x: Any) -> torch.Tensor:
     return x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
-
-
-def wants_death_masking(module: Any) -> bool:
-    """Whether an (unwrapped) RLModule asks for death masking (its ``death_masking`` is True)."""
-    return getattr(module, DEATH_MASKING_KEY, False) is True
 
 
 class DeathMask(ConnectorV2):

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 import numpy as np
+import ray
 import torch
 from ray.rllib.connectors.connector_v2 import ConnectorV2
 from ray.rllib.connectors.learner import GeneralAdvantageEstimation
@@ -57,8 +58,6 @@ def check_bootstrap_step_before_gae(pipeline: Any) -> None:
     names = [type(piece).__name__ for piece in pipeline.connectors]
     gae = names.index(GeneralAdvantageEstimation.__name__)
     if _BOOTSTRAP_PIECE not in names[:gae]:
-        import ray
-
         raise ValueError(
             f"gae='vectorized' needs RLlib's {_BOOTSTRAP_PIECE} before its GAE piece, but the "
             f"learner pipeline of Ray {ray.__version__} is {names}. Fix: gae='rllib' (RLlib's "

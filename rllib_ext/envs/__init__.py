@@ -33,7 +33,7 @@ def make_smac_env(name: str, env_config: Mapping[str, Any] | None = None) -> Any
 
     An RLlib ``EnvContext`` keeps its ``worker_index`` / ``vector_index`` (used for seeding).
     """
-    from rllib_ext.envs.smac import SMACEnv
+    from rllib_ext.envs.smac import SMACEnv  # lazy: keeps Ray out of --help and import rllib_ext
 
     config = env_config if env_config is not None else {}
     merged = {**SMAC_ENV_DEFAULTS[name], **config}
@@ -48,7 +48,7 @@ def register_envs() -> None:
     Cheap and idempotent: it imports no backend (the creators import lazily, in the process
     that builds the env).
     """
-    from ray.tune.registry import register_env
+    from ray.tune.registry import register_env  # lazy: keeps Ray out of import rllib_ext
 
     for name in SMAC_ENV_DEFAULTS:
         register_env(name, functools.partial(make_smac_env, name))
@@ -59,7 +59,7 @@ def is_smac_env(env: Any) -> bool:
     if isinstance(env, str):
         return env in SMAC_ENV_DEFAULTS or env in _SMAC_CLASSPATHS
     if isinstance(env, type):
-        from rllib_ext.envs.smac.env import SMACEnv
+        from rllib_ext.envs.smac.env import SMACEnv  # lazy: keeps Ray out of --help
 
         return issubclass(env, SMACEnv)
     return False

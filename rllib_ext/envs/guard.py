@@ -37,9 +37,13 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from ray.rllib.callbacks.callbacks import RLlibCallback
+from ray.rllib.env.multi_agent_env import MultiAgentEnv
 from ray.rllib.utils.annotations import override
+from ray.tune.registry import register_env
 
 from rllib_ext import _rllib_private as private
+from rllib_ext.callbacks import add_callback
+from rllib_ext.envs import is_smac_env
 
 __all__ = [
     "ENV_ERROR_KEY",
@@ -226,8 +230,6 @@ class GuardedCreator:
     non_finite: str = "warn"
 
     def __call__(self, env_config: Any) -> Any:
-        from ray.rllib.env.multi_agent_env import MultiAgentEnv
-
         first = self.base(env_config)
         if isinstance(first, MultiAgentEnv) or not isinstance(first, gym.Env):
             return first
@@ -315,11 +317,6 @@ def guard_env(config: Any, *, isolate_faults: bool = True, non_finite: str = "wa
         )
     if not isinstance(config.env, str) or config.is_multi_agent:
         return config
-    from ray.tune.registry import register_env
-
-    from rllib_ext.envs import is_smac_env
-    from rllib_ext.smac_config import add_callback
-
     if is_smac_env(config.env):
         return config
     register_env(

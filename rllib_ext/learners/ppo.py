@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
@@ -33,12 +33,12 @@ from ray.rllib.utils.typing import ModuleID, ParamDict, StateDict, TensorType
 from rllib_ext import _rllib_private as private
 from rllib_ext.config_checks import check_algorithm_config
 from rllib_ext.connectors.batching import install_vectorized_batching
-from rllib_ext.connectors.death_mask import DeathMask, wants_death_masking
+from rllib_ext.connectors.death_mask import DeathMask
 from rllib_ext.connectors.gae import VectorizedGAE, check_bootstrap_step_before_gae
 from rllib_ext.connectors.value_norm import UpdateValueNorm, value_norms
 from rllib_ext.learners.amp import AMPState, resolve_amp_dtype
 from rllib_ext.learners.comm import CommCompression
-from rllib_ext.modules.learner_options import LearnerOptionsAPI
+from rllib_ext.modules.learner_options import LearnerOptionsAPI, wants_death_masking
 from rllib_ext.modules.value_norm import ValueNormAPI
 from rllib_ext.settings import ExtensionSettings
 
@@ -61,6 +61,9 @@ class PPOExtTorchLearner(PPOTorchLearner):
     ext_settings: ExtensionSettings
     amp: AMPState
     comm: CommCompression
+    rllib_ext_applies_learner_options: ClassVar[bool] = True
+    """Declares that this learner applies the modules' ``value_norm`` / ``death_masking``
+    (:data:`rllib_ext.modules.learner_options.APPLIES_LEARNER_OPTIONS`)."""
 
     @override(PPOTorchLearner)
     def build(self) -> None:

@@ -7,6 +7,9 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ray.rllib.core.rl_module.multi_rl_module import MultiRLModuleSpec
+from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
 from rllib_ext.modules.masked_ppo import CENTRAL_CRITIC_KEY, MaskedPPOTorchRLModule
 from rllib_ext.modules.masked_recurrent import (
     RECURRENT_CELL_KEY,
@@ -74,9 +77,6 @@ def smac_module_spec(
         config.rl_module(rl_module_spec=smac_module_spec(central_critic=True,
                                                          recurrent_cell="gru"))
     """
-    from ray.rllib.core.rl_module.multi_rl_module import MultiRLModuleSpec
-    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
-
     if not isinstance(central_critic, bool):
         raise ValueError(f"central_critic={central_critic!r}; allowed: True, False.")
     ids = [policy_ids] if isinstance(policy_ids, str) else list(policy_ids)

@@ -11,17 +11,49 @@ that silent no-op into one error:
   ``rllib_ext.modules.smac_module_spec``): a module with an option on refuses ``forward_train``
   until a learner that applies the options has claimed it with :meth:`claim_learner_options`.
 
-Both raise the message of :func:`learner_options_error`.
+Both raise the message of :func:`learner_options_error`. A learner class declares that it
+applies the options with the class attribute :data:`APPLIES_LEARNER_OPTIONS` ``= True``, so the
+config check needs no import of the learner.
 """
 
 from __future__ import annotations
 
-from rllib_ext.connectors.death_mask import DEATH_MASKING_KEY, wants_death_masking
+from typing import Any
+
 from rllib_ext.modules.value_norm import VALUE_NORM_KEY
 
-__all__ = ["LEARNER_APPLIED_KEYS", "LearnerOptionsAPI", "learner_options_error"]
+__all__ = [
+    "APPLIES_LEARNER_OPTIONS",
+    "DEATH_MASKING_KEY",
+    "LEARNER_APPLIED_KEYS",
+    "LearnerOptionsAPI",
+    "applies_learner_options",
+    "learner_options_error",
+    "wants_death_masking",
+]
+
+DEATH_MASKING_KEY = "death_masking"
+"""``model_config`` key (and module attribute) of death masking (``connectors.death_mask``)."""
 
 LEARNER_APPLIED_KEYS = (VALUE_NORM_KEY, DEATH_MASKING_KEY)
+
+APPLIES_LEARNER_OPTIONS = "rllib_ext_applies_learner_options"
+"""Class attribute of a learner class: ``True`` when it applies :data:`LEARNER_APPLIED_KEYS`
+(``PPOExtTorchLearner`` sets it; its subclasses inherit it)."""
+
+
+def applies_learner_options(learner_class: Any) -> bool:
+    """Whether ``learner_class`` (a class, or anything else a config holds) declared
+    :data:`APPLIES_LEARNER_OPTIONS`."""
+    return (
+        isinstance(learner_class, type)
+        and getattr(learner_class, APPLIES_LEARNER_OPTIONS, False) is True
+    )
+
+
+def wants_death_masking(module: Any) -> bool:
+    """Whether an (unwrapped) RLModule asks for death masking (its ``death_masking`` is True)."""
+    return getattr(module, DEATH_MASKING_KEY, False) is True
 
 
 def learner_options_error(asked: list[str], where: str) -> ValueError:

@@ -46,8 +46,7 @@ from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 from ray.rllib.utils.annotations import override
 
 from rllib_ext import _rllib_private as private
-from rllib_ext.connectors.death_mask import DEATH_MASKING_KEY
-from rllib_ext.modules.learner_options import LearnerOptionsAPI
+from rllib_ext.modules.learner_options import DEATH_MASKING_KEY, LearnerOptionsAPI
 from rllib_ext.modules.value_norm import VALUE_NORM_KEY, ValueNormAPI, check_value_norm_options
 
 __all__ = [

@@ -51,8 +51,7 @@ from ray.rllib.models.utils import get_activation_fn
 from ray.rllib.utils.annotations import override
 from torch import nn
 
-from rllib_ext.connectors.death_mask import DEATH_MASKING_KEY
-from rllib_ext.modules.learner_options import LearnerOptionsAPI
+from rllib_ext.modules.learner_options import DEATH_MASKING_KEY, LearnerOptionsAPI
 from rllib_ext.modules.masked_ppo import (
     CENTRAL_CRITIC_KEY,
     RECURRENT_CELL_KEY,

@@ -51,13 +51,3 @@ class LazyKernels(Generic[K]):
                         self._kernels = None
                     self._loaded = True
         return self._kernels
-
-    def set_for_testing(self, kernels: K | None) -> None:
-        """Pretend the load gave ``kernels`` (``None``: as if numba were missing)."""
-        with self._lock:
-            self._kernels, self._loaded = kernels, True
-
-    def reset(self) -> None:
-        """Forget the result, so the next :meth:`load` tries again."""
-        with self._lock:
-            self._kernels, self._loaded = None, False

@@ -18,24 +18,18 @@ Both kinds of episode end are a *stop*: the recursion does not cross it.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from rllib_ext.ops import gae_compiled
 
 __all__ = [
-    "KERNEL_CHOICES",
     "compute_advantages",
     "compute_value_targets",
     "discounted_suffix_sum",
     "kernel_backend",
 ]
-
-Kernel = Literal["auto", "numba"]
-KERNEL_CHOICES: tuple[str, ...] = ("auto", "numba")
-"""Accepted ``kernel=`` values. Both run the compiled loop; ``"auto"`` is kept so existing calls
-stay valid. ``"numpy"`` (a blocked scan for platforms without numba) was removed."""
 
 
 def _check_rate(name: str, value: float) -> float:
@@ -67,53 +61,31 @@ def _floats(x: Any) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
-def _compiled(kernel: str) -> gae_compiled.CompiledKernels:
-    """The compiled kernels, after checking ``kernel``.
-
-    Raises:
-        ValueError: ``kernel`` is not one of :data:`KERNEL_CHOICES`.
-        ImportError: numba is missing or cannot compile here (the message says how to fix it).
-    """
-    if kernel == "numpy":
-        raise ValueError(
-            "kernel='numpy' was removed: the numpy scan is gone and numba is a dependency of "
-            "rllib-ext. Fix: drop the kernel argument (or pass kernel='auto'); the results are "
-            "those of the reference loop, bit for bit."
-        )
-    if kernel not in KERNEL_CHOICES:
-        raise ValueError(
-            f"kernel={kernel!r} is not one of {KERNEL_CHOICES}. Fix: drop the kernel argument "
-            "(or pass kernel='auto')."
-        )
-    return gae_compiled.load()
-
-
-def kernel_backend(kernel: Kernel = "auto") -> str:
+def kernel_backend() -> str:
     """``"numba"`` when the compiled kernel loads in this process, ``"unavailable"`` when not.
 
     For reports (``rllib-ext doctor``, the ``gae/compiled`` metric); the GAE functions raise
     the ``ImportError`` instead.
     """
     try:
-        _compiled(kernel)
+        gae_compiled.load()
     except ImportError:
         return "unavailable"
     return "numba"
 
 
-def discounted_suffix_sum(x: Any, stops: Any, c: float, *, kernel: Kernel = "auto") -> np.ndarray:
+def discounted_suffix_sum(x: Any, stops: Any, c: float) -> np.ndarray:
     """``y_t = x_t + c * (1 - stops_t) * y_{t+1}`` with ``y_N = 0``.
 
     Args:
         x: ``[N]`` float array (numpy or torch).
         stops: ``[N]`` bool or 0/1 array; ``True`` cuts the recursion after step ``t``.
         c: ratio per step, in ``[0, 1]``.
-        kernel: ``"auto"`` or ``"numba"`` (the same compiled loop).
 
     Returns:
         ``[N]`` float64 numpy array.
     """
-    compiled = _compiled(kernel)
+    compiled = gae_compiled.load()
     c = _check_rate("c", c)
     xs = _floats(x)
     flags = _flags(stops)
@@ -151,8 +123,6 @@ def compute_advantages(
     truncateds: Any,
     gamma: float,
     lambda_: float,
-    *,
-    kernel: Kernel = "auto",
 ) -> np.ndarray:
     """GAE advantages (float64) over a flat batch of concatenated episode chunks.
 
@@ -165,17 +135,15 @@ def compute_advantages(
             exists (``V_{t+1}`` is its value): bootstrap from it, the recursion stops.
         gamma: discount in ``[0, 1]``.
         lambda_: GAE lambda in ``[0, 1]``.
-        kernel: ``"auto"`` or ``"numba"`` (the same compiled loop).
 
     Returns:
         ``[N]`` float64 numpy array (also for torch input).
 
     Raises:
-        ValueError: for lengths that differ, ``gamma``/``lambda_`` outside ``[0, 1]`` or an
-            unknown ``kernel``.
+        ValueError: for lengths that differ or ``gamma``/``lambda_`` outside ``[0, 1]``.
         ImportError: numba is missing or cannot compile here.
     """
-    compiled = _compiled(kernel)
+    compiled = gae_compiled.load()
     v, r, term, trunc, gamma, lambda_ = _checked(
         values, rewards, terminateds, truncateds, gamma, lambda_
     )
@@ -191,15 +159,13 @@ def compute_value_targets(
     truncateds: Any,
     gamma: float,
     lambda_: float,
-    *,
-    kernel: Kernel = "auto",
 ) -> np.ndarray:
     """GAE value targets ``A_t + V_t`` (float32), a drop-in for RLlib's function of this name.
 
     Arguments and errors as in :func:`compute_advantages`. Returns ``[N]`` float32 numpy (also
     for torch input), rounded like RLlib: advantages to float32 first, then ``+ values``.
     """
-    compiled = _compiled(kernel)
+    compiled = gae_compiled.load()
     v, r, term, trunc, gamma, lambda_ = _checked(
         values, rewards, terminateds, truncateds, gamma, lambda_
     )

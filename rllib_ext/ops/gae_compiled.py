@@ -43,7 +43,7 @@ class CompiledKernels:
 
 
 def _build() -> CompiledKernels:
-    import numba
+    import numba  # lazy: ~0.4 s, paid on first use; load() turns a failure into one ImportError
 
     # error_model="numpy": no Python-style ZeroDivisionError checks (they block vectorizing).
     jit = numba.njit(cache=True, nogil=True, error_model="numpy")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Any
 
 from ray.rllib.connectors.connector_v2 import ConnectorV2
@@ -19,7 +19,7 @@ from ray.rllib.utils.annotations import override
 
 from rllib_ext import _rllib_private as private
 
-__all__ = ["PROFILE_KEY", "EnvRunnerTimers", "PhaseClock", "PipelineMark", "sample_phase"]
+__all__ = ["PROFILE_KEY", "EnvRunnerTimers", "PhaseClock", "PipelineMark"]
 __all__ += ["timed_subclass"]
 
 PROFILE_KEY = "profile"
@@ -60,6 +60,8 @@ class PhaseClock:
 
 class PipelineMark(ConnectorV2):
     """Connector piece that passes the batch through, closing one span and opening another."""
+
+    rllib_ext_fused_equivalent = True  # sampling_protocol.FUSED_EQUIVALENT: only passes data
 
     def __init__(
         self, *args: Any, clock: PhaseClock | None = None, spans: tuple[str, str] = ("", "")
@@ -104,14 +106,6 @@ class EnvRunnerTimers(EnvRunner):
         self.sample_clock.opened.pop("inference", None)  # no forward this step (envs resetting)
         with self.sample_clock.time("env_step"):
             return super()._try_env_step(actions)
-
-
-def sample_phase(env_runner: Any, phase: str) -> AbstractContextManager[Any]:
-    """``with sample_phase(self, "env_step"): ...`` in an EnvRunner's own sampling loop (one that
-    bypasses RLlib's, e.g. fused SMAX sampling): the block counts as ``phase`` when the runner is
-    profiled; otherwise nothing happens."""
-    clock = getattr(env_runner, "sample_clock", None)
-    return clock.time(phase) if isinstance(clock, PhaseClock) else nullcontext()
 
 
 def timed_subclass(timers: type, base: type) -> type:

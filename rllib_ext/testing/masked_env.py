@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import numpy as np
+from ray.rllib.utils.pre_checks.env import check_multiagent_environments
 
 __all__ = ["BackendSpy", "MaskedEnvReport", "check_masked_multiagent_env", "sample_legal"]
 
@@ -69,8 +70,6 @@ def check_masked_multiagent_env(
     Raises:
         AssertionError: with what is wrong and how to fix it.
     """
-    from ray.rllib.utils.pre_checks.env import check_multiagent_environments
-
     check_multiagent_environments(env)
     rng = np.random.default_rng(seed)
     report = MaskedEnvReport()

@@ -15,14 +15,10 @@ from typing import Any
 
 import pytest
 
+from rllib_ext.cli.checkpoints import SETTINGS_FILE
+from rllib_ext.cli.errors import CLIError
 from rllib_ext.cli.main import _build_parser, main
-from rllib_ext.cli.runconfig import (
-    SETTINGS_FILE,
-    CLIError,
-    TrainSettings,
-    resolve_checkpoint,
-    resolve_settings,
-)
+from rllib_ext.cli.runconfig import TrainSettings, resolve_checkpoint, resolve_settings
 from rllib_ext.cli.train import build_algo_config, ray_init_kwargs
 from rllib_ext.settings import ExtensionSettings
 

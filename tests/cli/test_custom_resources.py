@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from rllib_ext.cli.errors import CLIError
 from rllib_ext.cli.main import main
 from rllib_ext.cli.ppo_config import (
     build_algo_config,
@@ -14,7 +15,7 @@ from rllib_ext.cli.ppo_config import (
     custom_resources_needed,
     ray_init_kwargs,
 )
-from rllib_ext.cli.runconfig import CLIError, TrainSettings, resolve_settings
+from rllib_ext.cli.runconfig import TrainSettings, resolve_settings
 
 
 def test_flags_reach_rllibs_learner_and_env_runner_settings() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from rllib_ext.cli.errors import CLIError
 from rllib_ext.cli.main import main
 from rllib_ext.cli.presets import (
     SMAC_PRESET,
@@ -20,7 +21,7 @@ from rllib_ext.cli.presets import (
     preset_line,
     preset_names,
 )
-from rllib_ext.cli.runconfig import CLIError, TrainSettings, resolve_settings
+from rllib_ext.cli.runconfig import TrainSettings, resolve_settings
 from rllib_ext.envs.smac import sc2
 
 SMAC_ENVS = ["smac_v2", "smac", "smax"]

@@ -18,15 +18,17 @@ import pytest
 
 from rllib_ext.cli.checkpoints import (
     RUN_STATE_FILE,
+    SETTINGS_FILE,
     RunState,
     commit_checkpoint,
     find_checkpoint,
     read_run_state,
     scan,
 )
+from rllib_ext.cli.errors import CLIError
 from rllib_ext.cli.interrupts import RunInterrupted, Signals
 from rllib_ext.cli.progress import IterationStats, ProgressReporter, estimate_eta
-from rllib_ext.cli.runconfig import CORE_OPTIONS, SETTINGS_FILE, CLIError, TrainSettings
+from rllib_ext.cli.runconfig import CORE_OPTIONS, TrainSettings
 from rllib_ext.cli.rundir import plan_run
 from rllib_ext.cli.runlog import PROGRESS_FILE, RESULT_FILE, RunLog, trim_after
 from rllib_ext.cli.sinks import format_summary

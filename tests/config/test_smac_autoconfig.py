@@ -15,9 +15,9 @@ import pytest
 from ray.rllib.callbacks.callbacks import RLlibCallback
 
 import rllib_ext
-from rllib_ext.config import SHARED_POLICY_ID, shared_policy_mapping
 from rllib_ext.envs.smac import SMACEnv, SMACMetricsCallback
 from rllib_ext.modules import MaskedPPOTorchRLModule, smac_module_spec
+from rllib_ext.smac_config import SHARED_POLICY_ID, shared_policy_mapping
 
 _OBS = gym.spaces.Dict(
     {

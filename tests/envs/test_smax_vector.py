@@ -86,7 +86,7 @@ def test_vector_env_equals_single_envs_step_by_step(map_name, extra, num_steps):
             {
                 agent: int(a)
                 for agent, a in zip(
-                    env.possible_agents, _legal(vector.last.avail[e], rng), strict=True
+                    env.possible_agents, _legal(vector.battles.last.avail[e], rng), strict=True
                 )
             }
             for e, env in enumerate(singles)
@@ -136,24 +136,24 @@ def test_bad_input_is_rejected_with_the_fix():
         SMAXVectorEnv({"backend": "smacv2", "map_name": "3m"}, num_envs=2)
     vector = SMAXVectorEnv({"backend": "smax", "map_name": "3m", "seed": 0}, num_envs=2)
     vector.reset()
-    masked = int(np.flatnonzero(vector.last.avail[1, 0] == 0)[0])
+    masked = int(np.flatnonzero(vector.battles.last.avail[1, 0] == 0)[0])
     actions = [dict.fromkeys(vector.possible_agents, 4) for _ in range(2)]
     actions[1]["agent_0"] = masked
     with pytest.raises(ValueError, match="is masked"):
         vector.step(actions)
     stop = np.full((2, 3), 4, dtype=np.int32)
     with pytest.raises(ValueError, match=r"finish_step\(\) without start_step\(\)"):
-        vector.finish_step()
-    vector.start_step(stop)
+        vector.battles.finish_step()
+    vector.battles.start_step(stop)
     with pytest.raises(ValueError, match=r"start_step\(\) called twice"):
-        vector.start_step(stop)
-    assert vector.finish_step() is vector.last
+        vector.battles.start_step(stop)
+    assert vector.battles.finish_step() is vector.battles.last
     with pytest.raises(ValueError, match="num_groups=3 must be 'auto' or an integer >= 1 that"):
         SMAXVectorEnv({"backend": "smax", "map_name": "3m"}, num_envs=4, num_groups=3)
     with pytest.raises(ValueError, match="num_groups='two' must be 'auto' or an integer"):
         SMAXVectorEnv({"backend": "smax", "map_name": "3m"}, num_envs=4, num_groups="two")
     with pytest.raises(ValueError, match=r"group=1 is not one of 0\.\.0 \(num_groups=1\)"):
-        vector.start_step(stop, group=1)
+        vector.battles.start_step(stop, group=1)
 
 
 def test_groups_step_each_battle_as_one_call_does():
@@ -161,8 +161,8 @@ def test_groups_step_each_battle_as_one_call_does():
     does): every battle plays exactly what it plays in one call for all (3m is bit-identical),
     through auto-resets."""
     env_config = {"backend": "smax", "map_name": "3m", "seed": 3, "smax_options": {"max_steps": 20}}
-    whole = SMAXVectorEnv(env_config, num_envs=4)
-    grouped = SMAXVectorEnv(env_config, num_envs=4, num_groups=2)
+    whole = SMAXVectorEnv(env_config, num_envs=4).battles
+    grouped = SMAXVectorEnv(env_config, num_envs=4, num_groups=2).battles
     rng = np.random.default_rng(0)
     batch, parts = whole.reset_arrays(), grouped.reset_arrays()
     resets = 0
@@ -194,16 +194,14 @@ def test_groups_step_each_battle_as_one_call_does():
 def test_auto_groups_split_only_large_even_batches(map_name, num_envs, groups):
     """num_groups="auto": 2 groups from AUTO_GROUP_ROWS agent rows on (3s5z_vs_3s6z has 8
     agents, 3m 3), 1 below it or for an odd battle count."""
-    from rllib_ext.envs.smac.vector import AUTO_GROUP_ROWS, auto_num_groups
+    from rllib_ext.envs.smac.battles import AUTO_GROUP_ROWS, auto_num_groups
 
     env = SMAXVectorEnv(
         {"backend": "smax", "map_name": map_name}, num_envs=num_envs, num_groups="auto"
-    )
-    assert env.num_groups == groups == auto_num_groups(num_envs, env.spec_smax.n_agents)
+    ).battles
+    assert env.num_groups == groups == auto_num_groups(num_envs, env.spec.n_agents)
     assert env.group_size * groups == num_envs
-    assert (num_envs * env.spec_smax.n_agents >= AUTO_GROUP_ROWS) == (
-        groups == 2 or num_envs % 2 == 1
-    )
+    assert (num_envs * env.spec.n_agents >= AUTO_GROUP_ROWS) == (groups == 2 or num_envs % 2 == 1)
     assert SMAXVectorEnvRunner.fused_groups == "auto"
 
 
@@ -292,7 +290,7 @@ def test_gc_paused_switches_the_collector_off_and_back():
     pause=False leaves it alone."""
     import gc
 
-    from rllib_ext.envs.smac.fused import gc_paused
+    from rllib_ext.envs.smac.sampling import gc_paused
 
     assert gc.isenabled()
     with gc_paused():
@@ -457,7 +455,7 @@ def test_fused_sampling_returns_the_episodes_rllibs_loop_returns(
     _ENDED_AT.clear()  # keyed by id(): a runner of an earlier case may have had the same id
     ours = runner_cls(config=ours_config)
     # "auto" (the default) keeps 4 battles of 3m (12 agent rows) in one group.
-    assert ours.vector_env.num_groups == {"auto": 1}.get(runner_cls.fused_groups, 2)
+    assert ours.vector_env.battles.num_groups == {"auto": 1}.get(runner_cls.fused_groups, 2)
     theirs = theirs_config.env_runner_cls(config=theirs_config)
     assert ours.module["shared_policy"].is_stateful() == bool(model_config)
     ours.module.set_state(theirs.module.get_state())
@@ -516,7 +514,7 @@ def test_fused_sampling_returns_the_episodes_rllibs_loop_returns(
     assert ours_metrics["smax_fused_sampling"].peek() == 1.0
     for timer in ("env_reset_timer", "env_step_timer"):
         assert timer in ours_metrics and timer in theirs_metrics, timer
-    assert ours_metrics["smax_fused_groups"].peek() == ours.vector_env.num_groups
+    assert ours_metrics["smax_fused_groups"].peek() == ours.vector_env.battles.num_groups
     keys = ("num_env_steps_sampled_lifetime", "num_episodes_lifetime", "episode_return_mean")
     keys += ("episode_len_mean", "win_rate", "timeout_rate", "num_module_steps_sampled_lifetime")
     keys += ("num_agent_steps_sampled_lifetime",)
@@ -558,12 +556,12 @@ def test_fused_sampling_recovers_after_an_exception_in_the_loop():
 def test_fused_sampling_falls_back_where_it_cannot_be_exact():
     """A lookback horizon other than 1, episodes left as lists or a module off the CPU: RLlib's
     loop, with the reason."""
-    from rllib_ext.envs.smac.fused import fused_sampling_applies
+    from rllib_ext.envs.smac.sampling import why_not_fused
 
     config = _config(num_envs=2, seed=0).env_runners(episodes_to_numpy=False)
     config.validate()
     runner = SMAXVectorEnvRunner(config=config)
-    assert fused_sampling_applies(runner, num_timesteps=16, random_actions=False) == (
+    assert why_not_fused(runner, num_timesteps=16, random_actions=False) == (
         "episodes_to_numpy=False"
     )
     runner.stop()
@@ -571,7 +569,7 @@ def test_fused_sampling_falls_back_where_it_cannot_be_exact():
     config = _config(num_envs=2, seed=0).env_runners(episode_lookback_horizon=2)
     config.validate()
     runner = SMAXVectorEnvRunner(config=config)
-    assert "episode_lookback_horizon=2" in fused_sampling_applies(
+    assert "episode_lookback_horizon=2" in why_not_fused(
         runner, num_timesteps=16, random_actions=False
     )
     episodes = runner.sample(num_timesteps=16, explore=True)
@@ -582,11 +580,9 @@ def test_fused_sampling_falls_back_where_it_cannot_be_exact():
     config = _config(num_envs=2, seed=0)
     config.validate()
     runner = SMAXVectorEnvRunner(config=config)
-    assert fused_sampling_applies(runner, num_timesteps=16, random_actions=False) == ""
+    assert why_not_fused(runner, num_timesteps=16, random_actions=False) is None
     runner.module["shared_policy"].to("meta")  # any non-CPU device: no GPU needed
-    assert fused_sampling_applies(runner, num_timesteps=16, random_actions=False) == (
-        "RLModule on meta"
-    )
+    assert why_not_fused(runner, num_timesteps=16, random_actions=False) == ("RLModule on meta")
     runner.stop()
 
 

@@ -151,6 +151,22 @@ def test_learner_only_options_with_a_learner_that_ignores_them_raise(option):
         config.validate()
 
 
+def test_the_learner_declares_that_it_applies_the_options():
+    """The config check reads the class marker (no learner import): ours and subclasses carry it."""
+    from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
+
+    from rllib_ext.learners.ppo import PPOExtTorchLearner
+    from rllib_ext.modules.learner_options import APPLIES_LEARNER_OPTIONS, applies_learner_options
+
+    class Subclass(PPOExtTorchLearner):
+        pass
+
+    assert getattr(PPOExtTorchLearner, APPLIES_LEARNER_OPTIONS) is True
+    assert applies_learner_options(PPOExtTorchLearner) and applies_learner_options(Subclass)
+    assert not applies_learner_options(PPOTorchLearner)
+    assert not applies_learner_options("PPOExtTorchLearner")  # a name is no learner class
+
+
 @pytest.mark.parametrize(
     ("options", "named"),
     [

@@ -269,10 +269,10 @@ def test_compiled_kernel_is_bit_identical_to_reference(layout):
     rng = np.random.default_rng(zlib.crc32(layout.encode()))
     term, trunc = _layout(layout, n, rng)
     values, rewards = _inputs(n, 11)
-    advantages = compute_advantages(values, rewards, term, trunc, 0.99, 0.95, kernel="numba")
+    advantages = compute_advantages(values, rewards, term, trunc, 0.99, 0.95)
     reference = compute_advantages_reference(values, rewards, term, trunc, 0.99, 0.95)
     np.testing.assert_array_equal(advantages, reference)
-    targets = compute_value_targets(values, rewards, term, trunc, 0.99, 0.95, kernel="numba")
+    targets = compute_value_targets(values, rewards, term, trunc, 0.99, 0.95)
     expected = compute_value_targets_reference(values, rewards, term, trunc, 0.99, 0.95)
     np.testing.assert_array_equal(targets, expected)
 
@@ -280,19 +280,6 @@ def test_compiled_kernel_is_bit_identical_to_reference(layout):
 def test_kernel_backend_reports_numba():
     """numba is a dependency: the compiled kernel loads (doctor and `gae/compiled` say so)."""
     assert kernel_backend() == "numba"
-    assert kernel_backend("numba") == "numba"
-
-
-def test_removed_numpy_kernel_is_a_clear_error():
-    x = np.zeros(4, dtype=np.float32)
-    with pytest.raises(ValueError, match="kernel='numpy' was removed.*Fix: drop the kernel"):
-        compute_advantages(x, x, x, x, 0.99, 0.95, kernel="numpy")
-
-
-def test_rejects_unknown_kernel():
-    x = np.zeros(4, dtype=np.float32)
-    with pytest.raises(ValueError, match="kernel='cuda' is not one of \\('auto', 'numba'\\).*Fix"):
-        compute_advantages(x, x, x, x, 0.99, 0.95, kernel="cuda")
 
 
 @pytest.fixture

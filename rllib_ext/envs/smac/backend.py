@@ -2,7 +2,7 @@
 
 A backend (StarCraft II through smac/smacv2, or JaxMARL's SMAX) turns the game's own API into
 numpy arrays of a fixed shape. The RLlib env and the PettingZoo view only build dicts from them.
-This module holds the types only; :mod:`rllib_ext.envs.smac.factory` picks and builds a backend.
+This module holds the types and the per-agent array views only; :mod:`rllib_ext.envs.smac.factory` picks and builds a backend.
 
 Contract of :class:`Step` (``T`` = team, ``N`` = n_agents, ``A`` = n_actions):
 
@@ -23,7 +23,16 @@ from typing import Protocol
 
 import numpy as np
 
-__all__ = ["Backend", "BackendSpec", "Step", "check_actions"]
+__all__ = [
+    "Backend",
+    "BackendSpec",
+    "Step",
+    "agent_observations",
+    "agent_states",
+    "check_actions",
+    "derive_seed",
+    "with_agent_ids",
+]
 
 
 @dataclass(frozen=True)
@@ -100,3 +109,46 @@ def check_actions(actions: Sequence[int], avail: np.ndarray, agent_ids: Sequence
                 f"actions now: {allowed}. Fix: sample only actions whose "
                 'obs["action_mask"] entry is 1 (rllib_ext.modules.MaskedPPOTorchRLModule does).'
             )
+
+
+# Per-agent views of a backend's arrays (one env or a batch of envs), shared by SMACEnv and the
+# batched battles.
+
+
+def with_agent_ids(rows: np.ndarray) -> np.ndarray:
+    """``float [..., N, D]`` per-agent rows -> a new ``[..., N, D + N]`` array, each row followed
+    by its agent's one-hot id (agent ``i`` in row ``i``)."""
+    n_agents = rows.shape[-2]
+    ids = np.broadcast_to(np.eye(n_agents, dtype=rows.dtype), (*rows.shape[:-1], n_agents))
+    return np.concatenate([rows, ids], axis=-1)
+
+
+def agent_observations(obs: np.ndarray, *, obs_agent_id: bool) -> np.ndarray:
+    """Every agent's ``"observations"`` entry: ``float32 [..., N, obs_dim]`` as the game gives
+    it, or with ``obs_agent_id`` a new ``[..., N, obs_dim + N]`` array (one-hot id appended)."""
+    return with_agent_ids(obs) if obs_agent_id else obs
+
+
+def agent_states(state: np.ndarray, n_agents: int, *, state_mode: str) -> np.ndarray:
+    """Every agent's ``"state"`` entry, for one env or a batch of envs.
+
+    Args:
+        state: ``float32 [..., state_dim]``, the global state (``...``: e.g. envs).
+        n_agents: ``N``.
+        state_mode: ``"global"`` (the state for every agent) or ``"agent_specific"`` (the
+            state followed by the agent's one-hot id).
+
+    Returns:
+        A new ``float32 [..., N, D]`` array, ``D = state_dim`` (global) or
+        ``state_dim + N`` (agent-specific).
+    """
+    rows = np.repeat(state[..., None, :], n_agents, axis=-2)
+    return rows if state_mode == "global" else with_agent_ids(rows)
+
+
+def derive_seed(seed: int | None, worker_index: int, vector_index: int) -> int | None:
+    """A distinct, reproducible seed per env copy (``None`` stays ``None``)."""
+    if seed is None:
+        return None
+    sequence = np.random.SeedSequence(seed, spawn_key=(worker_index, vector_index))
+    return int(sequence.generate_state(1)[0])

@@ -37,11 +37,12 @@ import numpy as np
 from ray.rllib.env.multi_agent_env import MultiAgentEnv
 from ray.rllib.utils.annotations import override
 
+from rllib_ext.envs.smac import backend as arrays
 from rllib_ext.envs.smac.backend import Backend, Step, check_actions
 from rllib_ext.envs.smac.factory import make_backend
 from rllib_ext.envs.smac.settings import SMACEnvSettings
 
-__all__ = ["MaskedDiscrete", "SMACEnv", "agent_observation_space", "agent_states"]
+__all__ = ["MaskedDiscrete", "SMACEnv", "agent_observation_space"]
 
 logger = logging.getLogger(__name__)
 
@@ -92,45 +93,6 @@ def agent_observation_space(spec: Any, settings: SMACEnvSettings) -> gym.spaces.
     return gym.spaces.Dict(components)
 
 
-def with_agent_ids(rows: np.ndarray) -> np.ndarray:
-    """``float [..., N, D]`` per-agent rows -> a new ``[..., N, D + N]`` array, each row followed
-    by its agent's one-hot id (agent ``i`` in row ``i``)."""
-    n_agents = rows.shape[-2]
-    ids = np.broadcast_to(np.eye(n_agents, dtype=rows.dtype), (*rows.shape[:-1], n_agents))
-    return np.concatenate([rows, ids], axis=-1)
-
-
-def agent_observations(obs: np.ndarray, *, obs_agent_id: bool) -> np.ndarray:
-    """Every agent's ``"observations"`` entry: ``float32 [..., N, obs_dim]`` as the game gives
-    it, or with ``obs_agent_id`` a new ``[..., N, obs_dim + N]`` array (one-hot id appended)."""
-    return with_agent_ids(obs) if obs_agent_id else obs
-
-
-def agent_states(state: np.ndarray, n_agents: int, *, state_mode: str) -> np.ndarray:
-    """Every agent's ``"state"`` entry, for one env or a batch of envs.
-
-    Args:
-        state: ``float32 [..., state_dim]``, the global state (``...``: e.g. envs).
-        n_agents: ``N``.
-        state_mode: ``"global"`` (the state for every agent) or ``"agent_specific"`` (the
-            state followed by the agent's one-hot id).
-
-    Returns:
-        A new ``float32 [..., N, D]`` array, ``D = state_dim`` (global) or
-        ``state_dim + N`` (agent-specific).
-    """
-    rows = np.repeat(state[..., None, :], n_agents, axis=-2)
-    return rows if state_mode == "global" else with_agent_ids(rows)
-
-
-def derive_seed(seed: int | None, worker_index: int, vector_index: int) -> int | None:
-    """A distinct, reproducible seed per env copy (``None`` stays ``None``)."""
-    if seed is None:
-        return None
-    sequence = np.random.SeedSequence(seed, spawn_key=(worker_index, vector_index))
-    return int(sequence.generate_state(1)[0])
-
-
 class SMACEnv(MultiAgentEnv):
     """The SMAC battle as an RLlib multi-agent env; see the module docstring for the contract.
 
@@ -146,7 +108,7 @@ class SMACEnv(MultiAgentEnv):
     def __init__(self, config: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         self.settings = SMACEnvSettings.from_env_config(config)
-        seed = derive_seed(
+        seed = arrays.derive_seed(
             self.settings.seed,
             # An EnvContext outside Ray (e.g. a local EnvRunner) may hold None here.
             int(getattr(config, "worker_index", 0) or 0),
@@ -184,19 +146,15 @@ class SMACEnv(MultiAgentEnv):
             "no_op_action": spec.no_op_action,
         }
 
-    def current_action_mask(self) -> np.ndarray | None:
-        """``float32 [N, A]`` legal actions of the current observation (``None`` before reset)."""
-        return None if self._last is None else self._last.avail
-
     def global_state(self) -> np.ndarray | None:
         """``float32 [state_dim]`` global state of the current observation."""
         return None if self._last is None else self._last.state
 
     def _observations(self, step: Step) -> dict[str, dict[str, np.ndarray]]:
-        obs = agent_observations(step.obs, obs_agent_id=self.settings.obs_agent_id)
+        obs = arrays.agent_observations(step.obs, obs_agent_id=self.settings.obs_agent_id)
         avail = step.avail
         if self.settings.include_state:
-            states = agent_states(
+            states = arrays.agent_states(
                 step.state, len(self.possible_agents), state_mode=self.settings.state_mode
             )
             return {

@@ -21,7 +21,7 @@ KERNEL_CHOICES: tuple[str, ...] = ("auto", "numba", "torch")
 
 
 def _build() -> ModuleType:
-    from rllib_ext.ops.codecs import _numba  # imports numba
+    from rllib_ext.ops.codecs import _numba  # lazy: numba loads on first use; failure = fallback
 
     return _numba
 
