@@ -10,6 +10,7 @@ import ast
 from pathlib import Path
 
 import rllib_ext.envs.smac as smac_package
+from tests.test_import_graph import find_cycle
 
 PACKAGE = "rllib_ext.envs.smac"
 ROOT = Path(smac_package.__file__).parent
@@ -38,31 +39,9 @@ def _imports(path: Path) -> set[str]:
 GRAPH = {name: _imports(path) for name, path in MODULES.items()}
 
 
-def _cycle() -> list[str] | None:
-    """One import cycle as a list of module names, or ``None``."""
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-    path: list[str] = []
-
-    def visit(name: str) -> list[str] | None:
-        state[name] = 1
-        path.append(name)
-        for dep in sorted(GRAPH[name]):
-            if state.get(dep) == 1:
-                return [*path[path.index(dep) :], dep]
-            if dep not in state and (found := visit(dep)):
-                return found
-        path.pop()
-        state[name] = 2
-        return None
-
-    for name in sorted(GRAPH):
-        if name not in state and (found := visit(name)):
-            return found
-    return None
-
-
 def test_no_import_cycle_between_smac_modules():
-    assert _cycle() is None, " -> ".join(_cycle() or [])
+    cycle = find_cycle(GRAPH)
+    assert cycle is None, " -> ".join(cycle or [])
 
 
 def test_backend_types_import_no_backend_and_no_factory():
