@@ -8,7 +8,6 @@ torch is imported for the CUDA / bf16 checks, Ray and torch for the private-name
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import os
 import platform
@@ -35,19 +34,18 @@ Rows = list[tuple[str, str]]
 
 
 def _version(distribution: str) -> str:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
+    """The installed version, with the tested-range note for the packages in ``TESTED``."""
+    version = installed_version(distribution)
+    if version is None:
         return "not installed"
+    if distribution in TESTED:
+        return f"{version} ({tested_note(distribution, version)})"
+    return version
 
 
 def _versions() -> Rows:
     rows = [("python", f"{platform.python_version()} ({platform.python_implementation()})")]
-    for name in _CORE_PACKAGES:
-        version = _version(name)
-        if name in TESTED:
-            version = f"{version} ({tested_note(name, installed_version(name))})"
-        rows.append((name, version))
+    rows += [(name, _version(name)) for name in _CORE_PACKAGES]
     return rows
 
 
@@ -100,10 +98,6 @@ def _backends() -> Rows:
             rows.append((module, f"not installed ({hint})"))
         else:
             version = _version(distribution)
-            if distribution in TESTED:
-                version = (
-                    f"{version} ({tested_note(distribution, installed_version(distribution))})"
-                )
             rows.append((module, version if version != "not installed" else "installed"))
     backend = kernel_backend()
     hint = "compiled" if backend == "numba" else "numba missing or failed: pip install numba"

@@ -16,6 +16,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ AUTH_FIX = (
 )
 
 
-def token_source(environ: os._Environ[str] | dict[str, str] | None = None) -> str | None:
+def token_source(environ: MutableMapping[str, str] | None = None) -> str | None:
     """Where Ray would read a token from (``None``: nowhere), in Ray's order of precedence."""
     env = os.environ if environ is None else environ
     if env.get("RAY_AUTH_TOKEN"):
@@ -50,7 +51,7 @@ def token_source(environ: os._Environ[str] | dict[str, str] | None = None) -> st
     return str(default) if default.is_file() else None
 
 
-def client_auth(environ: os._Environ[str] | dict[str, str] | None = None) -> str:
+def client_auth(environ: MutableMapping[str, str] | None = None) -> str:
     """Sets ``RAY_AUTH_MODE=token`` when it is unset and a token exists; says what applies.
 
     Returns:
