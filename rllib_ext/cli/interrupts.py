@@ -1,9 +1,11 @@
 """Ctrl-C and SIGTERM for ``rllib-ext train``: the first one stops the run cleanly (final
 checkpoint, summary), a second one ends the process at once.
 
-SIGTERM is what schedulers, Kubernetes and ``ray stop`` send; it is treated exactly like the
-first Ctrl-C, and the process then exits with ``128 + signal number`` (130 for SIGINT, 143 for
-SIGTERM), as a shell reports a process killed by that signal.
+SIGTERM is what schedulers and Kubernetes send; it is treated exactly like the first Ctrl-C,
+and the process then exits with ``128 + signal number`` (130 for SIGINT, 143 for SIGTERM), as a
+shell reports a process killed by that signal. Ray shields the local cluster it starts from
+SIGINT only: a SIGTERM to the whole process group also ends the raylet, after which Ray ends
+the driver (status 1), possibly before the final checkpoint.
 """
 
 from __future__ import annotations
