@@ -1,4 +1,4 @@
-"""GAE benchmark: the vectorized kernel and the whole PPO learner-connector pipeline.
+"""GAE benchmark: the compiled kernel and the whole PPO learner-connector pipeline.
 
 Reproduce (the machine has 2 cores shared with other jobs; the lock keeps runs apart)::
 
@@ -25,7 +25,7 @@ every timing is steady-state compute. ``--default-malloc`` skips that.
 Part 2, pipeline: real CartPole episodes (8k and 32k env steps, sampled once with the
 algorithm's local env runner), then the learner's own ``_learner_connector(...)`` call on a
 deep copy of them, for a stock RLlib PPO learner and for ``PPOExtTorchLearner`` with its defaults
-(``VectorizedEpisodesToBatch`` in place of RLlib's seven batching pieces, ``VectorizedGAE``) with
+(``VectorizedEpisodesToBatch`` in place of RLlib's seven batching pieces, ``CompiledGAE``) with
 identical module weights. Best of N; the per-piece profile at 32k
 shows where the pipeline time goes.
 """

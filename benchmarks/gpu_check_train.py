@@ -198,11 +198,11 @@ def expected_metrics(preset: str, module_id: str, amp_dtype: torch.dtype | None)
     """The component metrics a run of ``preset`` must report (the package's own keys)."""
     from rllib_ext.connectors.batching import BATCHING_IMPL_KEY
     from rllib_ext.connectors.death_mask import DEAD_FRACTION_KEY
-    from rllib_ext.connectors.gae import GAE_COMPILED_KEY, GAE_IMPL_KEY, GAE_TIME_KEY
+    from rllib_ext.connectors.gae import GAE_IMPL_KEY, GAE_TIME_KEY
     from rllib_ext.connectors.value_norm import MEAN_KEY, STD_KEY
     from rllib_ext.envs.smac.env_runner import SMAX_BATCHED_METRIC, SMAX_FUSED_METRIC
 
-    learner = [GAE_IMPL_KEY, GAE_COMPILED_KEY, GAE_TIME_KEY, BATCHING_IMPL_KEY]
+    learner = [GAE_IMPL_KEY, GAE_TIME_KEY, BATCHING_IMPL_KEY]
     runner: list[str] = []
     if preset.startswith("smax"):
         learner += [MEAN_KEY, STD_KEY, DEAD_FRACTION_KEY]

@@ -7,7 +7,7 @@ Command (2-core machine; the lock keeps other CPU jobs from overlapping)::
 Both runs use the same settings and seed, in one process on one Ray instance:
 
 * rllib-ext: :func:`rllib_ext.cli.train.train`, the function behind ``rllib-ext train``, with
-  its default settings (vectorized GAE, CSV/TensorBoard writing, progress);
+  its default settings (compiled GAE, CSV/TensorBoard writing, progress);
 * stock: ``ray.rllib.algorithms.ppo.PPOConfig`` built by the same
   :func:`rllib_ext.cli.train.build_algo_config` (hence identical env runners, hyper-parameters
   and seed, RLlib's own learner and GAE) and a bare ``algo.train()`` loop.
@@ -39,7 +39,7 @@ iteration (1.03 vs 1.04 s).
 
 Each path is deterministic per seed, and with ``--gae rllib`` the rllib-ext path reproduces the
 stock run exactly (seed 0: 20 iterations, 40,068 env steps, in 19.5 s against 18.8 s). With the
-vectorized GAE the float32 rounding differs (about 1e-6), trajectories diverge after a few
+compiled GAE the float32 rounding differs (about 1e-6), trajectories diverge after a few
 iterations, and the number of iterations to 450 (14-24 here) dominates the time ratio; compare
 seconds per iteration for the cost of the CLI path itself.
 """
@@ -175,7 +175,7 @@ def main() -> None:
             "stop_reward": str(args.stop_reward),
             "stop_timesteps": str(args.max_env_steps),
             "checkpoint_freq": "0",
-            "gae": "vectorized",
+            "gae": "compiled",
         }
     )
     ray.init(**ray_init_kwargs(base))

@@ -54,7 +54,7 @@ def check_choice(key: str, value: Any, allowed: Sequence[Any], *, example: str) 
     """Raises ``ValueError`` unless ``value`` is one of ``allowed`` (see :func:`is_allowed`).
 
     Args:
-        example: the fix, e.g. ``".training(gae='vectorized')"``.
+        example: the fix, e.g. ``".training(gae='compiled')"``.
     """
     if not is_allowed(value, allowed):
         raise ValueError(
@@ -150,6 +150,13 @@ def unknown_keys_error(
     return ValueError(
         f"Unknown {what}: {', '.join(hints)}. Allowed keys: {', '.join(allowed)}. Fix: {fix}"
     )
+
+
+def check_known_keys(keys: Iterable[Any], allowed: Sequence[str], *, what: str, fix: str) -> None:
+    """Raises :func:`unknown_keys_error` for the ``keys`` (in their order) not in ``allowed``."""
+    unknown = [key for key in keys if key not in allowed]
+    if unknown:
+        raise unknown_keys_error(unknown, allowed, what=what, fix=fix)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Drop-in ``PPOConfig`` / ``PPO`` subclasses that take the extension flags.
 
-``rllib_ext.PPOConfig().training(gae="vectorized", lambda_=0.95)`` behaves exactly like
+``rllib_ext.PPOConfig().training(gae="compiled", lambda_=0.95)`` behaves exactly like
 RLlib's ``PPOConfig.training`` for every RLlib argument and additionally accepts the
 extension flags of :mod:`rllib_ext.settings` plus the 2023 tutorial's old names
 (``num_sgd_iter``, ``sgd_minibatch_size``). The flags are stored in the config's
@@ -25,11 +25,14 @@ from ray.rllib.models.catalog import MODEL_DEFAULTS
 from ray.rllib.utils.annotations import override
 
 from rllib_ext import _rllib_private as private
-from rllib_ext.compat import LegacyAlgorithmMixin, LegacyAPIMixin
+from rllib_ext.compat.algorithm import LegacyAlgorithmMixin
+from rllib_ext.compat.config import LegacyAPIMixin
+from rllib_ext.compat.training_kwargs import split_extension_kwargs
 from rllib_ext.config_checks import amp_env_runner_class, check_algorithm_config, check_rates
+from rllib_ext.env_runners import supports_amp_inference
 from rllib_ext.envs import register_envs
 from rllib_ext.learners.ppo import PPOExtTorchLearner
-from rllib_ext.settings import ExtensionSettings, extension_keys, split_extension_kwargs
+from rllib_ext.settings import ExtensionSettings, extension_keys
 from rllib_ext.smac_config import apply_smac_defaults, smac_default_rl_module_spec
 
 __all__ = ["PPO", "PPOConfig"]
@@ -181,12 +184,13 @@ class PPOConfig(LegacyAPIMixin, _RLlibPPOConfig):
         apply_smac_defaults(self)
         if self.learner_config_dict.get("amp_inference") is True:
             current: Any = self.env_runner_cls  # type: ignore[has-type]
-            wanted = amp_env_runner_class(self)
-            # A subclass of the right AMP runner (e.g. profiling's timing runner) stays.
+            # A runner of ours that opted into AMPInference (the SMAX batched runner,
+            # profiling's timing runner) stays; a user's class is checked by validate().
             if current is None or (
-                current.__module__.startswith("rllib_ext.") and not issubclass(current, wanted)
+                current.__module__.startswith("rllib_ext.")
+                and not supports_amp_inference(current, multi_agent=self.is_multi_agent)
             ):
-                self.env_runner_cls = wanted
+                self.env_runner_cls = amp_env_runner_class(self)
 
 
 class PPO(LegacyAlgorithmMixin, _RLlibPPO):

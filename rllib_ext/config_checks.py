@@ -18,7 +18,11 @@ from typing import Any
 
 from rllib_ext import _rllib_private as private
 from rllib_ext._validation import Bounds, check_number
-from rllib_ext.env_runners import AMPMultiAgentEnvRunner, AMPSingleAgentEnvRunner
+from rllib_ext.env_runners import (
+    AMPMultiAgentEnvRunner,
+    AMPSingleAgentEnvRunner,
+    supports_amp_inference,
+)
 from rllib_ext.modules.learner_options import (
     LEARNER_APPLIED_KEYS,
     applies_learner_options,
@@ -108,15 +112,16 @@ def amp_env_runner_class(config: Any) -> type:
 
 
 def _check_amp_env_runner(config: Any) -> None:
-    wanted = amp_env_runner_class(config)
     current = config.env_runner_cls
-    if current is None or not issubclass(current, wanted):
+    if not supports_amp_inference(current, multi_agent=config.is_multi_agent):
+        wanted = amp_env_runner_class(config)
         got = "RLlib's default" if current is None else current.__name__
         raise ValueError(
-            f"amp_inference=True needs env_runner_cls={wanted.__name__} (or a subclass), got "
-            f"{got}. Fix: .env_runners(env_runner_cls=rllib_ext.env_runners.{wanted.__name__}) "
-            "(rllib_ext.PPOConfig sets it for you), derive your env runner from it, or set "
-            "amp_inference=False."
+            f"amp_inference=True needs an env runner that opts into rllib_ext.env_runners."
+            f"AMPInference and extends {wanted.__mro__[2].__name__}, got {got}. Fix: "
+            f".env_runners(env_runner_cls=rllib_ext.env_runners.{wanted.__name__}) "
+            "(rllib_ext.PPOConfig sets it for you), put AMPInference first in your runner's "
+            "bases, or set amp_inference=False."
         )
 
 

@@ -1,8 +1,13 @@
-"""Env runners that compute actions under autocast (``amp_inference=True``).
+"""``amp_inference``: the env runner's forward under autocast, a protocol any runner opts into.
 
-The RLModule forward runs in the learner's AMP dtype; its float outputs are cast back to
-float32 before RLlib samples actions and computes ``action_logp``, so the log-probabilities
-stored in episodes (and used in PPO's importance ratio) are fp32 like RLlib's.
+A runner class opts in by putting :class:`AMPInference` before the RLlib runner it extends in
+its bases (``class MyRunner(AMPInference, MultiAgentEnvRunner)``): ``sample()`` then runs under
+the learner's AMP dtype and :class:`CastToFloat32` is prepended to its module-to-env pipeline,
+so actions and the ``action_logp`` stored in episodes (PPO's importance ratio) are float32 as in
+RLlib. Fused loops inside ``sample()`` inherit the autocast and skip the cast piece (it declares
+:data:`~rllib_ext.sampling_protocol.FUSED_EQUIVALENT`: they cast the outputs alike).
+:class:`AMPSingleAgentEnvRunner` / :class:`AMPMultiAgentEnvRunner` are RLlib's two runners
+with nothing else added; ``rllib_ext.PPOConfig`` picks them for ``amp_inference=True``.
 """
 
 from __future__ import annotations
@@ -19,7 +24,21 @@ from rllib_ext import _rllib_private as private
 from rllib_ext.learners.amp import resolve_amp_dtype
 from rllib_ext.settings import ExtensionSettings
 
-__all__ = ["AMPMultiAgentEnvRunner", "AMPSingleAgentEnvRunner", "CastToFloat32", "to_float32"]
+__all__ = [
+    "AMPInference",
+    "AMPMultiAgentEnvRunner",
+    "AMPSingleAgentEnvRunner",
+    "CastToFloat32",
+    "REPLACEABLE",
+    "replaceable",
+    "supports_amp_inference",
+    "to_float32",
+]
+
+REPLACEABLE = "rllib_ext_replaceable_runner"
+"""Class attribute: ``True`` on a runner that is RLlib's default plus opt-in protocols only, so
+rllib_ext may swap it for another runner of its own that supports the same protocols (the
+SMAX batched runner does). A user's subclass sets nothing and is kept."""
 
 
 def to_float32(x: Any) -> Any:
@@ -48,10 +67,12 @@ else:
     _EnvRunnerBase = object
 
 
-class _AutocastSampling(_EnvRunnerBase):
-    """Mixed into RLlib's env runners (before them in the bases): autocast around ``sample()``."""
+class AMPInference(_EnvRunnerBase):
+    """The ``amp_inference`` protocol (see the module docstring); before an RLlib runner in the
+    bases. With ``amp_inference=False`` it changes nothing (autocast disabled, no cast piece)."""
 
-    def _setup_amp_inference(self) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         amp = ExtensionSettings.from_learner_config_dict(self.config.learner_config_dict).amp
         device = next(iter(_parameters(self.module)), torch.empty(0)).device
         self._amp_inference_dtype = (
@@ -70,23 +91,36 @@ class _AutocastSampling(_EnvRunnerBase):
             return super().sample(*args, **kwargs)
 
 
+def supports_amp_inference(runner_class: type | None, *, multi_agent: bool) -> bool:
+    """Whether ``runner_class`` opted into :class:`AMPInference` and extends the RLlib runner a
+    single-agent (``SingleAgentEnvRunner``) or multi-agent config needs."""
+    base = MultiAgentEnvRunner if multi_agent else SingleAgentEnvRunner
+    return (
+        runner_class is not None
+        and issubclass(runner_class, AMPInference)
+        and issubclass(runner_class, base)
+    )
+
+
+def replaceable(runner_class: type | None) -> bool:
+    """``True`` for ``None`` (RLlib's default) and for a class that itself declares
+    :data:`REPLACEABLE` (a user's subclass of it is the user's choice)."""
+    return runner_class is None or bool(vars(runner_class).get(REPLACEABLE, False))
+
+
 def _parameters(module: Any) -> list[torch.Tensor]:
     if isinstance(module, torch.nn.Module):
         return list(module.parameters())
     return []
 
 
-class AMPSingleAgentEnvRunner(_AutocastSampling, SingleAgentEnvRunner):
+class AMPSingleAgentEnvRunner(AMPInference, SingleAgentEnvRunner):
     """``SingleAgentEnvRunner`` with ``amp_inference`` support."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._setup_amp_inference()
+    rllib_ext_replaceable_runner = True  # REPLACEABLE
 
 
-class AMPMultiAgentEnvRunner(_AutocastSampling, MultiAgentEnvRunner):
+class AMPMultiAgentEnvRunner(AMPInference, MultiAgentEnvRunner):
     """``MultiAgentEnvRunner`` with ``amp_inference`` support."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._setup_amp_inference()
+    rllib_ext_replaceable_runner = True  # REPLACEABLE

@@ -2,10 +2,10 @@
 
 Both ways of switching components on read these classes:
 
-* ``rllib_ext.PPOConfig().training(gae="vectorized", ...)`` writes the flags into the
+* ``rllib_ext.PPOConfig().training(gae="compiled", ...)`` writes the flags into the
   config's ``learner_config_dict``;
 * the stock ``ray.rllib.algorithms.ppo.PPOConfig().learners(learner_class=PPOExtTorchLearner,
-  learner_config_dict={"gae": "vectorized"})`` puts them there directly.
+  learner_config_dict={"gae": "compiled"})`` puts them there directly.
 
 Each field declares everything about one setting: its type (a ``Literal`` lists the choices),
 its default, its range (``metadata={"bounds": ...}``) and its docstring. Validation, the
@@ -27,18 +27,16 @@ from __future__ import annotations
 
 import logging
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 from rllib_ext._validation import (
     Bounds,
     SettingSpec,
-    check_bool,
-    check_choice,
     check_fields,
+    check_known_keys,
     field_specs,
-    unknown_keys_error,
 )
 
 __all__ = [
@@ -55,11 +53,8 @@ __all__ = [
     "REMOVED_KEYS",
     "STANDARDIZE_MODES",
     "SettingSpec",
-    "TRAINING_ALIASES",
-    "check_communication_type",
     "extension_keys",
     "setting_specs",
-    "split_extension_kwargs",
 ]
 
 logger = logging.getLogger("rllib_ext.settings")
@@ -77,9 +72,9 @@ def _check_fields(settings: Any) -> None:
 class GAESettings:
     """Generalized advantage estimation in the PPO learner connector."""
 
-    gae: Literal["rllib", "vectorized"] = "vectorized"
-    """Advantage estimation: rllib_ext's exact loop-free kernel or RLlib's own connector.
-    ``"vectorized"``: rllib_ext's kernel and connector; ``"rllib"``: RLlib's own
+    gae: Literal["rllib", "compiled"] = "compiled"
+    """Advantage estimation. ``"compiled"``: rllib_ext's connector piece, one compiled pass over
+    all episode chunks (exact, no Python loop over time steps); ``"rllib"``: RLlib's own
     ``GeneralAdvantageEstimation`` (unchanged)."""
 
     standardize_advantages: Literal["all", "masked", "none"] = "all"
@@ -93,9 +88,9 @@ class GAESettings:
         _check_fields(self)
         if self.gae == "rllib" and self.standardize_advantages != "all":
             raise ValueError(
-                f"standardize_advantages={self.standardize_advantages!r} needs gae='vectorized': "
+                f"standardize_advantages={self.standardize_advantages!r} needs gae='compiled': "
                 "RLlib's own GAE connector always standardizes over all rows. Fix: use "
-                "gae='vectorized' or leave standardize_advantages at 'all'."
+                "gae='compiled' or leave standardize_advantages at 'all'."
             )
 
 
@@ -244,65 +239,6 @@ def _drop_removed_keys(flat: Mapping[str, Any], *, where: str) -> dict[str, Any]
     return {k: v for k, v in flat.items() if k not in REMOVED_KEYS}
 
 
-def check_communication_type(value: Any) -> str:
-    """The tutorial's ``communication.type`` (``"NCCL"``...), lower-cased.
-
-    Raises:
-        ValueError: for a value not in :data:`COMMUNICATION_TYPES` (any case).
-    """
-    lowered = value.lower() if isinstance(value, str) else value
-    check_choice(
-        "communication type",
-        lowered,
-        COMMUNICATION_TYPES,
-        example='communication={"type": "nccl"}, or leave the type out (RLlib picks)',
-    )
-    return str(lowered)
-
-
-def _communication_alias(block: Any) -> dict[str, Any]:
-    """The tutorial's ``communication={"type": ..., "compression": ..., "grad_clip": ...}``."""
-    if not isinstance(block, Mapping):
-        raise ValueError(
-            f"communication={block!r} must be a dict like "
-            '{"type": "NCCL", "compression": True, "grad_clip": 0.5}.'
-        )
-    allowed = ("type", "compression", "grad_clip")
-    unknown = sorted(set(block) - set(allowed))
-    if unknown:
-        raise unknown_keys_error(
-            unknown,
-            allowed,
-            what="communication key(s)",
-            fix="use grad_compression=..., communication_type=..., grad_clip=... directly.",
-        )
-    out: dict[str, Any] = {}
-    if "type" in block:
-        out["communication_type"] = check_communication_type(block["type"])
-    if "compression" in block:
-        comp = block["compression"]
-        # `compression: True` in the tutorial meant fp16 on the wire.
-        out["grad_compression"] = "fp16" if comp is True else (None if comp is False else comp)
-    if "grad_clip" in block:
-        out["grad_clip"] = block["grad_clip"]
-    return out
-
-
-def _fp16_alias(value: Any) -> Any:
-    check_bool("fp16", value, example=".training(amp='fp16') (fp16=True is its old name)")
-    return "fp16" if value else False
-
-
-# Old (2023 tutorial / pre-2.10 RLlib) spellings accepted by `rllib_ext.PPOConfig.training()`.
-# Each maps to exactly one current setting (the function converts the value).
-TRAINING_ALIASES: dict[str, tuple[str, Callable[[Any], Any]]] = {
-    "num_sgd_iter": ("num_epochs", lambda v: v),
-    "sgd_minibatch_size": ("minibatch_size", lambda v: v),
-    "fp16": ("amp", _fp16_alias),
-    "fp16_loss_scaling": ("amp_init_scale", lambda v: v),
-}
-
-
 @dataclass(frozen=True)
 class ExtensionSettings:
     """All component settings of one learner."""
@@ -316,7 +252,7 @@ class ExtensionSettings:
     def from_flat(
         cls, flat: Mapping[str, Any], *, where: str = "the settings"
     ) -> ExtensionSettings:
-        """Builds settings from flat keys (``{"gae": "vectorized", ...}``).
+        """Builds settings from flat keys (``{"gae": "compiled", ...}``).
 
         Keys of :data:`REMOVED_KEYS` (settings of earlier versions, e.g. in an old checkpoint's
         config) are dropped with a one-time warning.
@@ -325,15 +261,12 @@ class ExtensionSettings:
             ValueError: for an unknown key or a bad value.
         """
         flat = _drop_removed_keys(flat, where=where)
-        known = extension_keys()
-        unknown = [key for key in flat if key not in known]
-        if unknown:
-            raise unknown_keys_error(
-                unknown,
-                known,
-                what=f"rllib_ext setting(s) in {where}",
-                fix="remove the key or use one of the allowed names.",
-            )
+        check_known_keys(
+            flat,
+            extension_keys(),
+            what=f"rllib_ext setting(s) in {where}",
+            fix="remove the key or use one of the allowed names.",
+        )
         parts = {}
         for name, comp in typing.get_type_hints(cls).items():
             names = {spec.name for spec in field_specs(comp)}
@@ -362,44 +295,3 @@ class ExtensionSettings:
         for f in fields(self):
             out.update(asdict(getattr(self, f.name)))
         return out
-
-
-def split_extension_kwargs(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Splits ``.training(**kwargs)`` into (extension flags, other kwargs), resolving aliases.
-
-    The tutorial's ``communication`` block becomes ``grad_compression`` (a flag), ``grad_clip``
-    and ``communication_type`` (``rllib_ext.PPOConfig.training`` keywords).
-
-    Raises:
-        ValueError: an alias given together with its new name, a bad alias value, or a key of
-            :data:`REMOVED_KEYS` (explicit code is told; stored settings are tolerated).
-    """
-    known = set(extension_keys())
-    ext: dict[str, Any] = {}
-    rest: dict[str, Any] = {}
-    for key, value in kwargs.items():
-        if key in REMOVED_KEYS:
-            raise ValueError(
-                f"{key}={value!r} is no longer a setting: {REMOVED_KEYS[key]}. Fix: drop it; the "
-                'tutorial\'s communication={"type": ...} is still accepted and checked against '
-                "the learners' resources."
-            )
-        if key == "communication":
-            for new, converted in _communication_alias(value).items():
-                if new in kwargs:
-                    raise ValueError(
-                        f"communication sets {new!r}, which was also given directly. "
-                        f"Fix: pass {new}=... only once."
-                    )
-                (ext if new in known else rest)[new] = converted
-            continue
-        if key in TRAINING_ALIASES:
-            new, convert = TRAINING_ALIASES[key]
-            if new in kwargs:
-                raise ValueError(
-                    f"Both {key!r} and {new!r} were given; {key!r} is the old name of {new!r}. "
-                    f"Fix: pass only {new}=..."
-                )
-            key, value = new, convert(value)
-        (ext if key in known else rest)[key] = value
-    return ext, rest

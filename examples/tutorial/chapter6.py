@@ -20,7 +20,7 @@
 
    :func:`rllib_ext.ops.gae.discounted_suffix_sum` is the loop-free version that stops at
    episode ends (``y_t = r_t + gamma * (1 - done_t) * y_{t+1}``), exact against the loop, and
-   what the PPO learner's GAE uses (``.training(gae="vectorized")``, the default).
+   what the PPO learner's GAE uses (``.training(gae="compiled")``, the default).
 
 Run: ``python examples/tutorial/chapter6.py`` (add ``--profile`` for the ``rllib-ext profile`` run).
 """

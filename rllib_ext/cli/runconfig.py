@@ -43,8 +43,8 @@ from rllib_ext.cli.options import (
     parse_set_value,
 )
 from rllib_ext.cli.presets import EXPLICIT_REASON, choose_preset, load_preset
+from rllib_ext.compat.training_kwargs import split_extension_kwargs
 from rllib_ext.envs import is_smac_env
-from rllib_ext.settings import split_extension_kwargs
 
 __all__ = [
     "ALL_OPTIONS",

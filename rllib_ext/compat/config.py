@@ -44,7 +44,7 @@ from rllib_ext.compat.resources import (
     learners_for_num_gpus,
     resource_request,
 )
-from rllib_ext.settings import TRAINING_ALIASES, check_communication_type
+from rllib_ext.compat.training_kwargs import TRAINING_ALIASES, check_communication_type
 
 __all__ = ["AgentIdMapping", "LegacyAPIMixin"]
 

@@ -1,7 +1,7 @@
 """``DeathMask``: dead SMAC agents' rows leave the PPO loss (MAPPO's "active masks").
 
 Where it sits: in the PPO learner connector pipeline right before the GAE piece (RLlib's
-``GeneralAdvantageEstimation`` or ``rllib_ext.connectors.gae.VectorizedGAE``); installed by
+``GeneralAdvantageEstimation`` or ``rllib_ext.connectors.gae.CompiledGAE``); installed by
 ``PPOExtTorchLearner`` for every module with ``model_config={"death_masking": True}``. What
 it needs before it: the train batch with the dict observations (``"action_mask"``) and
 ``Columns.LOSS_MASK`` (both made by RLlib's default pieces / the vectorized batching piece).

@@ -1,4 +1,4 @@
-"""``VectorizedGAE``: drop-in for RLlib's ``GeneralAdvantageEstimation`` learner connector piece.
+"""``CompiledGAE``: drop-in for RLlib's ``GeneralAdvantageEstimation`` learner connector piece.
 
 Where it sits: last piece of the PPO learner connector pipeline, in the slot where
 ``PPOLearner.build`` appends ``GeneralAdvantageEstimation`` (``PPOExtTorchLearner`` swaps it).
@@ -10,8 +10,8 @@ modules).
 Differences from RLlib's piece, none of which change the numbers with the default settings:
 
 * the value pass runs under ``torch.no_grad()`` (RLlib's builds an autograd graph it never uses);
-* GAE is :func:`rllib_ext.ops.gae.compute_value_targets` (no Python loop over time steps; a
-  compiled single pass where numba is installed, ``gae/compiled`` says which);
+* GAE is :func:`rllib_ext.ops.gae.compute_value_targets`: one numba-compiled backward pass
+  over all episode chunks, no Python loop over time steps (``gae="compiled"``);
 * unpadding/re-padding for stateful modules is one boolean-mask operation, no per-episode loop;
 * ``standardize_advantages`` ("all" = RLlib, "masked", "none") is an explicit option.
 """
@@ -35,14 +35,14 @@ from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 from ray.rllib.utils.typing import EpisodeType
 
 from rllib_ext._validation import check_choice
-from rllib_ext.ops.gae import compute_value_targets, kernel_backend
+from rllib_ext.ops.gae import compute_value_targets
 from rllib_ext.settings import STANDARDIZE_MODES
 
-__all__ = ["VectorizedGAE", "check_bootstrap_step_before_gae", "padding_mask"]
+__all__ = ["CompiledGAE", "check_bootstrap_step_before_gae", "padding_mask"]
 
 GAE_TIME_KEY = "gae/time_ms"
-GAE_IMPL_KEY = "gae/vectorized"
-GAE_COMPILED_KEY = "gae/compiled"
+GAE_IMPL_KEY = "gae/compiled"
+"""``<mid>/<this>``: 1.0 when this piece (not RLlib's) computed the module's advantages."""
 
 
 _BOOTSTRAP_PIECE = "AddOneTsToEpisodesAndTruncate"
@@ -51,7 +51,7 @@ _BOOTSTRAP_PIECE = "AddOneTsToEpisodesAndTruncate"
 def check_bootstrap_step_before_gae(pipeline: Any) -> None:
     """Raises unless RLlib's ``AddOneTsToEpisodesAndTruncate`` runs before its GAE piece.
 
-    ``VectorizedGAE`` bootstraps from the step that piece appends to every chunk. A learner
+    ``CompiledGAE`` bootstraps from the step that piece appends to every chunk. A learner
     pipeline without it (RLlib's GAE rewrite, ray#61319, drops it) would make the values of
     the last real step the bootstrap, so rllib_ext refuses instead of computing that.
     """
@@ -59,7 +59,7 @@ def check_bootstrap_step_before_gae(pipeline: Any) -> None:
     gae = names.index(GeneralAdvantageEstimation.__name__)
     if _BOOTSTRAP_PIECE not in names[:gae]:
         raise ValueError(
-            f"gae='vectorized' needs RLlib's {_BOOTSTRAP_PIECE} before its GAE piece, but the "
+            f"gae='compiled' needs RLlib's {_BOOTSTRAP_PIECE} before its GAE piece, but the "
             f"learner pipeline of Ray {ray.__version__} is {names}. Fix: gae='rllib' (RLlib's "
             "own GAE), or a Ray release rllib-ext is tested with (`rllib-ext doctor`)."
         )
@@ -93,13 +93,13 @@ def _flat(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
-class VectorizedGAE(GeneralAdvantageEstimation):
+class CompiledGAE(GeneralAdvantageEstimation):
     """Computes ``advantages`` and ``value_targets`` for every module with a value function.
 
     Writes, per module id ``mid`` in the batch: ``batch[mid]["advantages"]`` and
     ``batch[mid]["value_targets"]`` as float32 tensors on the module's device, shape ``[N]``
     (``[B, T]`` for stateful modules), exactly as RLlib's piece does.
-    Logs ``<mid>/gae/time_ms`` (wall time of this piece) and ``<mid>/gae/vectorized`` (1.0)
+    Logs ``<mid>/gae/time_ms`` (wall time of this piece) and ``<mid>/gae/compiled`` (1.0)
     into the learner's metrics.
     """
 
@@ -117,7 +117,7 @@ class VectorizedGAE(GeneralAdvantageEstimation):
             "standardize_advantages",
             standardize_advantages,
             STANDARDIZE_MODES,
-            example="VectorizedGAE(..., standardize_advantages='all')",
+            example="CompiledGAE(..., standardize_advantages='all')",
         )
         self.standardize_advantages = standardize_advantages
 
@@ -188,11 +188,9 @@ class VectorizedGAE(GeneralAdvantageEstimation):
 
         if metrics is not None:
             elapsed_ms = (time.perf_counter() - start) * 1e3
-            compiled = float(kernel_backend() == "numba")
             for mid in module_ids:
                 metrics.log_value((mid, GAE_TIME_KEY), elapsed_ms, window=1)
                 metrics.log_value((mid, GAE_IMPL_KEY), 1.0, window=1)
-                metrics.log_value((mid, GAE_COMPILED_KEY), compiled, window=1)
         return batch
 
     def _standardize(

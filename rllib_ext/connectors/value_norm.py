@@ -1,7 +1,7 @@
 """``UpdateValueNorm``: one update of each module's value normalizer per training batch.
 
 Where it sits: last piece of the PPO learner connector pipeline, right after the GAE piece
-(RLlib's ``GeneralAdvantageEstimation`` or ``rllib_ext.connectors.gae.VectorizedGAE``), which
+(RLlib's ``GeneralAdvantageEstimation`` or ``rllib_ext.connectors.gae.CompiledGAE``), which
 computed ``value_targets`` from de-normalized values (``compute_values``); installed by
 ``PPOExtTorchLearner`` when a module has ``model_config={"value_norm": True}``. The learner
 connector runs once per ``Learner.update``, so the statistics move once per training batch,

@@ -2,7 +2,7 @@
 
 Components, each switched on by its settings (``rllib_ext.settings``):
 
-* vectorized GAE: swaps RLlib's ``GeneralAdvantageEstimation`` for ``VectorizedGAE``;
+* compiled GAE: swaps RLlib's ``GeneralAdvantageEstimation`` for ``CompiledGAE``;
 * vectorized batching: fuses RLlib's default episodes-to-batch pieces into
   ``VectorizedEpisodesToBatch`` (``rllib_ext.connectors.batching``);
 * AMP: autocast around forward + loss only (backward outside), fp16 loss scaling with one
@@ -34,7 +34,7 @@ from rllib_ext import _rllib_private as private
 from rllib_ext.config_checks import check_algorithm_config
 from rllib_ext.connectors.batching import install_vectorized_batching
 from rllib_ext.connectors.death_mask import DeathMask
-from rllib_ext.connectors.gae import VectorizedGAE, check_bootstrap_step_before_gae
+from rllib_ext.connectors.gae import CompiledGAE, check_bootstrap_step_before_gae
 from rllib_ext.connectors.value_norm import UpdateValueNorm, value_norms
 from rllib_ext.learners.amp import AMPState, resolve_amp_dtype
 from rllib_ext.learners.comm import CommCompression
@@ -107,7 +107,7 @@ class PPOExtTorchLearner(PPOTorchLearner):
         gae = self.ext_settings.gae
         pipeline = private.learner_connector(self)
         if (
-            gae.gae != "vectorized"
+            gae.gae != "compiled"
             or pipeline is None
             or not self.config.add_default_connectors_to_learner_pipeline
         ):
@@ -116,7 +116,7 @@ class PPOExtTorchLearner(PPOTorchLearner):
         # PPOLearner.build appended RLlib's GAE piece last; put ours in its place.
         pipeline.insert_after(
             GeneralAdvantageEstimation,
-            VectorizedGAE(
+            CompiledGAE(
                 gamma=self.config.gamma,
                 lambda_=self.config.lambda_,
                 standardize_advantages=gae.standardize_advantages,

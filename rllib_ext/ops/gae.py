@@ -64,7 +64,7 @@ def _floats(x: Any) -> np.ndarray:
 def kernel_backend() -> str:
     """``"numba"`` when the compiled kernel loads in this process, ``"unavailable"`` when not.
 
-    For reports (``rllib-ext doctor``, the ``gae/compiled`` metric); the GAE functions raise
+    For reports (``rllib-ext doctor``); the GAE functions raise
     the ``ImportError`` instead.
     """
     try:

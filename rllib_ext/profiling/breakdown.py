@@ -2,7 +2,7 @@
 
 Inputs: ``time_this_iter_s``, the timers' ``env_runners/profile/<phase>_s`` and
 ``learners/__all_modules__/profile/<phase>_s`` (summed over EnvRunners / Learners by RLlib) and
-``VectorizedGAE``'s ``gae/time_ms``. Leaf phases sum to the wall time and are never negative;
+``CompiledGAE``'s ``gae/time_ms``. Leaf phases sum to the wall time and are never negative;
 ``unaccounted_s`` (wall minus sampling and learner) is clearly negative only if something were
 counted twice.
 """
@@ -24,7 +24,7 @@ SOURCES: dict[str, str] = {
     "sampling/episodes": "EnvRunner.sample() minus the above: per-agent episode bookkeeping, "
     "callbacks, episode numpy conversion",
     "learner/connector": "update start to first minibatch minus GAE: learner connector, tensors",
-    "learner/gae": "VectorizedGAE (gae/time_ms); RLlib's GAE stays in learner/connector",
+    "learner/gae": "CompiledGAE (gae/time_ms); RLlib's GAE stays in learner/connector",
     "learner/forward": "_uncompiled_update start to compute_losses: forward_train",
     "learner/loss": "compute_losses",
     "learner/backward": "compute_gradients minus grad_comm",
@@ -130,7 +130,7 @@ def breakdown_of_result(
         env_s("sample"),
         "sampling/episodes",
     )
-    # VectorizedGAE logs the same elapsed time under every module (window=1: last value).
+    # CompiledGAE logs the same elapsed time under every module (window=1: last value).
     gae = max((_num(r, "gae/time_ms") / 1e3 for r in modules.values()), default=0.0)
     backward = learner_s("backward")
     comm = min(backward, learner_s("grad_comm"))

@@ -112,7 +112,7 @@ def test_ppo_runs_report_every_component_metric(report: dict[str, Any]) -> None:
         assert row["missing_metrics"] == [], row["missing_metrics"]
         assert row["env_steps"] > 0 and row["env_steps_per_s"] > 0
         metrics, mid = row["metrics"], row["module_id"]
-        assert metrics[f"learners/{mid}/gae/vectorized"] == 1.0
+        assert metrics[f"learners/{mid}/gae/compiled"] == 1.0
         assert metrics[f"learners/{mid}/batching/vectorized"] == 1.0
         if row["preset"].startswith("smax"):
             assert metrics["env_runners/smax_batched_envs"] > 1

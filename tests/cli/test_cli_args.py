@@ -41,12 +41,12 @@ def _train_values(argv: list[str]) -> dict[str, str]:
 # Parsing and precedence.
 
 
-def test_defaults_train_cartpole_to_450_with_vectorized_gae() -> None:
+def test_defaults_train_cartpole_to_450_with_compiled_gae() -> None:
     settings = resolve_settings({})
     assert settings.env == "CartPole-v1"
     assert settings.stop_reward == 450.0
     assert settings.stop_timesteps is None and settings.time_budget is None
-    assert settings.extensions["gae"] == "vectorized"
+    assert settings.extensions["gae"] == "compiled"
     assert settings.resume is None and settings.address is None
 
 
@@ -202,7 +202,7 @@ def test_stock_config_gets_the_same_settings_without_extension_flags() -> None:
 # Bad input: one line on stderr, non-zero exit, no Ray.
 
 BAD_INPUTS = {
-    "gae": (["train", "--gae", "fast"], ["'fast'", "rllib, vectorized", "Fix"]),
+    "gae": (["train", "--gae", "fast"], ["'fast'", "rllib, compiled", "Fix"]),
     "num_learners": (["train", "--num-learners", "-1"], ["--num-learners", "'-1'", ">= 0"]),
     "env_config_json": (["train", "--env-config", "{bad"], ["--env-config", "not valid JSON"]),
     "env_config_list": (["train", "--env-config", "[1, 2]"], ["JSON object"]),
@@ -247,7 +247,7 @@ EXTENSION_BAD_INPUTS = {
     "set_without_equals": (["--set", "amp"], ["--set 'amp'", "KEY=VALUE"]),
     "masked_with_rllib_gae": (
         ["--set", "gae=rllib", "--standardize-advantages", "masked"],
-        ["standardize_advantages='masked'", "needs gae='vectorized'"],
+        ["standardize_advantages='masked'", "needs gae='compiled'"],
     ),
 }
 

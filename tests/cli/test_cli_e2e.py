@@ -39,7 +39,7 @@ def test_short_run_writes_everything_and_evaluate_reads_it(
     assert summary["stop_reason"] == "stop_timesteps"
     assert summary["env_steps"] >= 4000
     assert summary["wall_time_s"] > 0
-    assert summary["settings"]["extensions"]["gae"] == "vectorized"
+    assert summary["settings"]["extensions"]["gae"] == "compiled"
     assert summary["settings"]["seed"] == 0
     checkpoint = Path(summary["checkpoint"])
     assert (checkpoint / "rllib_checkpoint.json").is_file()
@@ -51,7 +51,7 @@ def test_short_run_writes_everything_and_evaluate_reads_it(
     progress = pd.read_csv(run_dir / "progress.csv")
     assert list(progress["training_iteration"]) == list(range(1, summary["iterations"] + 1))
     assert "env_runners/episode_return_mean" in progress.columns
-    assert "learners/default_policy/gae/vectorized" in progress.columns  # the extension ran
+    assert "learners/default_policy/gae/compiled" in progress.columns  # the extension ran
     assert "config/lr" not in progress.columns
     tune_result = Result.from_path(str(run_dir))
     assert tune_result.metrics["training_iteration"] == summary["iterations"]

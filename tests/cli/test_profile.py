@@ -14,7 +14,7 @@ from rllib_ext.profiling import PHASES, enable_profiling
 
 SMALL = ["--training", '{"train_batch_size_per_learner": 512, "minibatch_size": 128}']
 # Phases that must take time in any CartPole iteration (grad_comm needs compression, GAE
-# rllib_ext's VectorizedGAE).
+# rllib_ext's CompiledGAE).
 ALWAYS = [p for p in PHASES if p not in ("learner/grad_comm", "learner/gae", "other")]
 
 
@@ -46,7 +46,7 @@ def test_profile_cartpole_writes_breakdown_trace_and_top_ops(
 
     data = json.loads((out / "breakdown.json").read_text())
     _check_breakdown(data, iterations=[2, 3])
-    assert data["phases"]["learner/gae"]["seconds"] > 0  # VectorizedGAE's own timer
+    assert data["phases"]["learner/gae"]["seconds"] > 0  # CompiledGAE's own timer
     config = data["details"]["config"]
     assert config["learner_class"] == "PPOExtTorchLearner"
     assert config["env_runner_class"] == "SingleAgentEnvRunner"

@@ -27,7 +27,7 @@ def test_cartpole_trains_with_the_defaults(tmp_path: Path) -> None:
     assert summary["env_steps"] >= 2000
     row = json.loads((tmp_path / "run" / "result.json").read_text().splitlines()[-1])
     learner = row["learners"]["default_policy"]
-    assert learner["gae/vectorized"] == 1.0 and learner["batching/vectorized"] == 1.0
+    assert learner["gae/compiled"] == 1.0 and learner["batching/vectorized"] == 1.0
 
 
 def test_smax_trains_with_the_map_preset(tmp_path: Path) -> None:

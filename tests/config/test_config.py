@@ -30,7 +30,7 @@ def test_defaults_reproduce_rllib_except_gae_impl() -> None:
     cfg = rllib_ext.PPOConfig()
     stock = StockPPOConfig()
     assert cfg.extension_settings == ExtensionSettings()
-    assert cfg.learner_config_dict["gae"] == "vectorized"
+    assert cfg.learner_config_dict["gae"] == "compiled"
     assert cfg.learner_config_dict["standardize_advantages"] == "all"
     for key in ("lr", "lambda_", "num_epochs", "minibatch_size", "clip_param", "kl_coeff"):
         assert getattr(cfg, key) == getattr(stock, key), key
@@ -60,9 +60,9 @@ def test_alias_and_new_name_together_is_an_error() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "pattern"),
     [
-        ({"gae": "fast"}, r"gae='fast'.*'rllib', 'vectorized'.*Fix"),
+        ({"gae": "fast"}, r"gae='fast'.*'rllib', 'compiled'.*Fix"),
         ({"standardize_advantages": "yes"}, r"standardize_advantages='yes'.*'all', 'masked'"),
-        ({"gae": "rllib", "standardize_advantages": "masked"}, r"needs gae='vectorized'"),
+        ({"gae": "rllib", "standardize_advantages": "masked"}, r"needs gae='compiled'"),
         ({"lambda_": 1.5}, r"lambda_=1.5.*\[0, 1\]"),
         ({"gamma": -0.1}, r"gamma=-0.1.*\[0, 1\]"),
         ({"gea": "vectorized"}, r"Unknown training\(\) argument 'gea'"),
@@ -85,7 +85,7 @@ def test_bad_value_does_not_half_apply() -> None:
     cfg = rllib_ext.PPOConfig()
     with pytest.raises(ValueError):
         cfg.training(gae="fast", lr=1.0)
-    assert cfg.learner_config_dict["gae"] == "vectorized"
+    assert cfg.learner_config_dict["gae"] == "compiled"
     assert cfg.lr != 1.0
 
 
@@ -116,10 +116,10 @@ def test_copy_to_dict_from_dict_and_state_keep_subclass_and_flags() -> None:
 
 def test_stock_config_from_our_dict_keeps_learner_class() -> None:
     # What Tune does with a config subclass and the plain "PPO" trainable.
-    cfg = rllib_ext.PPOConfig().training(gae="vectorized")
+    cfg = rllib_ext.PPOConfig().training(gae="compiled")
     stock = StockPPOConfig.from_dict(cfg.to_dict())
     assert stock.learner_class is PPOExtTorchLearner
-    assert stock.learner_config_dict["gae"] == "vectorized"
+    assert stock.learner_config_dict["gae"] == "compiled"
 
 
 def _readme_flag_table() -> dict[str, str]:
@@ -305,6 +305,34 @@ def test_amp_inference_picks_the_env_runner_when_the_flag_is_set() -> None:
     mine = rllib_ext.PPOConfig().env_runners(env_runner_cls=MyRunner)
     mine.training(amp="bf16", amp_inference=True)
     assert mine.env_runner_cls is MyRunner  # the user's class is kept
+
+
+def test_amp_inference_is_a_protocol_a_runner_opts_into() -> None:
+    """A runner class gets ``amp_inference`` by putting AMPInference in its bases (no AMP
+    runner to derive from); one without it is refused in one line naming the fix."""
+    from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
+
+    from rllib_ext.env_runners import AMPInference, supports_amp_inference
+
+    class OptedIn(AMPInference, SingleAgentEnvRunner):
+        pass
+
+    class Plain(SingleAgentEnvRunner):
+        pass
+
+    assert supports_amp_inference(OptedIn, multi_agent=False)
+    assert not supports_amp_inference(OptedIn, multi_agent=True)
+    ok = rllib_ext.PPOConfig().env_runners(env_runner_cls=OptedIn)
+    ok.training(amp="bf16", amp_inference=True).validate()
+    assert ok.env_runner_cls is OptedIn
+    bad = rllib_ext.PPOConfig().env_runners(env_runner_cls=Plain)
+    bad.training(amp="bf16", amp_inference=True)
+    assert bad.env_runner_cls is Plain  # the user's class is kept, and refused:
+    with pytest.raises(ValueError) as info:
+        bad.validate()
+    message = str(info.value)
+    assert "\n" not in message and "got Plain" in message and "AMPInference" in message
+    assert "amp_inference=False" in message
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""``VectorizedGAE`` vs RLlib's ``GeneralAdvantageEstimation`` on real episodes, same weights.
+"""``CompiledGAE`` vs RLlib's ``GeneralAdvantageEstimation`` on real episodes, same weights.
 
 Each case builds one algorithm (``rllib_ext.PPOConfig``, so the learner is
 ``PPOExtTorchLearner``), samples real episodes with its local env runner, and runs two learner
@@ -7,7 +7,7 @@ connector pipelines on deep copies of them with the learner's own ``MultiRLModul
 * stock: ``config.build_learner_connector(...)`` with ``AddOneTsToEpisodesAndTruncate``
   prepended and RLlib's ``GeneralAdvantageEstimation`` appended, exactly as
   ``PPOLearner.build`` assembles it;
-* ours: the learner's installed pipeline (``VectorizedGAE`` in the last slot).
+* ours: the learner's installed pipeline (``CompiledGAE`` in the last slot).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from ray.rllib.evaluation.postprocessing import Postprocessing
 from ray.rllib.utils.postprocessing.zero_padding import split_and_zero_pad_n_episodes
 
 from rllib_ext.connectors.batching import VectorizedEpisodesToBatch
-from rllib_ext.connectors.gae import VectorizedGAE
+from rllib_ext.connectors.gae import CompiledGAE
 from tests.connectors._cases import GAMMA, LAMBDA, Case
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -47,18 +47,18 @@ def _assert_parity(stock: dict, ours: dict, module_ids) -> None:
             )
 
 
-def _installed_gae(learner) -> VectorizedGAE:
+def _installed_gae(learner) -> CompiledGAE:
     pieces = learner._learner_connector.connectors
     assert not any(type(p) is GeneralAdvantageEstimation for p in pieces)
-    (gae,) = [p for p in pieces if isinstance(p, VectorizedGAE)]
+    (gae,) = [p for p in pieces if isinstance(p, CompiledGAE)]
     return gae
 
 
-def test_learner_pipeline_uses_vectorized_gae(cartpole):
+def test_learner_pipeline_uses_compiled_gae(cartpole):
     pieces = cartpole.learner._learner_connector.connectors
     assert isinstance(pieces[0], VectorizedEpisodesToBatch)
     assert isinstance(pieces[0].pieces[0], AddOneTsToEpisodesAndTruncate)
-    assert isinstance(pieces[-1], VectorizedGAE)
+    assert isinstance(pieces[-1], CompiledGAE)
     assert _installed_gae(cartpole.learner).standardize_advantages == "all"
 
 
@@ -97,12 +97,12 @@ def test_lstm_zero_padded_parity(lstm):
         assert np.all(ours[mid][key].numpy()[~real] == 0.0)
 
 
-def _vectorized_only(case: Case, mode: str) -> dict:
+def _compiled_only(case: Case, mode: str) -> dict:
     """Our pipeline with ``standardize_advantages=mode`` (same pieces, same module)."""
     pipeline = case.stock_pipeline()
     pipeline.insert_after(
         GeneralAdvantageEstimation,
-        VectorizedGAE(gamma=GAMMA, lambda_=LAMBDA, standardize_advantages=mode),
+        CompiledGAE(gamma=GAMMA, lambda_=LAMBDA, standardize_advantages=mode),
     )
     pipeline.remove(GeneralAdvantageEstimation)
     return case.run(pipeline)
@@ -110,7 +110,7 @@ def _vectorized_only(case: Case, mode: str) -> dict:
 
 def test_standardize_none_gives_raw_advantages(cartpole):
     mid = "default_policy"
-    raw = _vectorized_only(cartpole, "none")[mid]
+    raw = _compiled_only(cartpole, "none")[mid]
     with torch.no_grad():
         values = cartpole.learner.module[mid].compute_values(raw)
     np.testing.assert_allclose(
@@ -131,8 +131,8 @@ def test_standardize_none_gives_raw_advantages(cartpole):
 
 def test_standardize_masked_uses_loss_rows_only(cartpole):
     mid = "default_policy"
-    raw = _vectorized_only(cartpole, "none")[mid]
-    masked = _vectorized_only(cartpole, "masked")[mid]
+    raw = _compiled_only(cartpole, "none")[mid]
+    masked = _compiled_only(cartpole, "masked")[mid]
     mask = masked[Columns.LOSS_MASK].numpy()
     assert (~mask).sum() > 0  # there are bootstrap rows to leave out
     raw_adv = raw[Postprocessing.ADVANTAGES].numpy()
@@ -150,10 +150,10 @@ def test_standardize_masked_uses_loss_rows_only(cartpole):
 
 def test_rejects_unknown_standardize_mode():
     with pytest.raises(ValueError, match="standardize_advantages='sometimes'"):
-        VectorizedGAE(gamma=0.99, lambda_=0.95, standardize_advantages="sometimes")
+        CompiledGAE(gamma=0.99, lambda_=0.95, standardize_advantages="sometimes")
 
 
-# -- the pipeline VectorizedGAE may sit in (forward compatibility with RLlib's GAE rewrite) --
+# -- the pipeline CompiledGAE may sit in (forward compatibility with RLlib's GAE rewrite) --
 
 
 def _pipeline_of(*names: str) -> object:
@@ -162,7 +162,7 @@ def _pipeline_of(*names: str) -> object:
     return types.SimpleNamespace(connectors=[type(name, (), {})() for name in names])
 
 
-def test_vectorized_gae_accepts_rllibs_default_order() -> None:
+def test_compiled_gae_accepts_rllibs_default_order() -> None:
     from rllib_ext.connectors.gae import check_bootstrap_step_before_gae
 
     check_bootstrap_step_before_gae(
@@ -175,7 +175,7 @@ def test_vectorized_gae_accepts_rllibs_default_order() -> None:
     )
 
 
-def test_vectorized_gae_refuses_a_pipeline_without_the_bootstrap_step() -> None:
+def test_compiled_gae_refuses_a_pipeline_without_the_bootstrap_step() -> None:
     """As after ray#61319: a new first piece, no AddOneTsToEpisodesAndTruncate."""
     import ray
 

@@ -244,8 +244,8 @@ def test_config_selects_the_batched_runner_only_for_smax_with_several_envs():
 
 
 def test_amp_inference_keeps_the_batched_runner_in_either_order():
-    """SMAXVectorEnvRunner is an AMPMultiAgentEnvRunner, so amp_inference=True no longer trades
-    batched stepping for the autocast forward; with one env the plain AMP runner comes back."""
+    """SMAXVectorEnvRunner opts into AMPInference, so amp_inference=True does not trade batched
+    stepping for the autocast forward; with one env the plain AMP runner comes back."""
     amp_last = _config(num_envs=4).training(**_AMP_INFERENCE)
     amp_first = (
         _config(num_envs=1).training(**_AMP_INFERENCE).env_runners(num_envs_per_env_runner=4)

@@ -19,7 +19,7 @@ from ray.rllib.evaluation.postprocessing import Postprocessing
 
 import rllib_ext
 from rllib_ext.connectors.death_mask import NO_OP_ACTIONS, DeathMask, dead_rows
-from rllib_ext.connectors.gae import VectorizedGAE
+from rllib_ext.connectors.gae import CompiledGAE
 from rllib_ext.connectors.value_norm import UpdateValueNorm
 from rllib_ext.modules import MaskedPPOTorchRLModule
 
@@ -115,7 +115,7 @@ def test_rule_matches_the_dead_count_in_real_battles(backend):
 # -- the loss ---------------------------------------------------------------------------------
 
 
-def learner(gae="vectorized", **options):
+def learner(gae="compiled", **options):
     obs_space = gym.spaces.Dict(
         {
             "observations": gym.spaces.Box(-np.inf, np.inf, (OBS_DIM,), np.float32),
@@ -220,7 +220,7 @@ def test_without_death_masking_dead_rows_count():
 
 def test_pipeline_order_and_off_by_default():
     pieces = [type(p) for p in learner(death_masking=True, value_norm=True)._learner_connector]
-    assert pieces[-3:] == [DeathMask, VectorizedGAE, UpdateValueNorm]
+    assert pieces[-3:] == [DeathMask, CompiledGAE, UpdateValueNorm]
     pieces = [type(p) for p in learner()._learner_connector]
     assert DeathMask not in pieces and UpdateValueNorm not in pieces
     # RLlib's own GAE piece gets the same neighbours (it also reads compute_values).

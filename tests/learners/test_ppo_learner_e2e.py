@@ -8,7 +8,7 @@ from ray.rllib.algorithms.ppo import PPOConfig as StockPPOConfig
 from ray.rllib.connectors.learner import GeneralAdvantageEstimation
 
 import rllib_ext
-from rllib_ext.connectors.gae import VectorizedGAE
+from rllib_ext.connectors.gae import CompiledGAE
 from rllib_ext.learners.ppo import PPOExtTorchLearner
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -32,15 +32,15 @@ def _gae_metrics(result: dict) -> dict:
     return {k: v for k, v in result["learners"]["default_policy"].items() if k.startswith("gae/")}
 
 
-def test_vectorized_gae_is_active_and_visible_in_results() -> None:
+def test_compiled_gae_is_active_and_visible_in_results() -> None:
     algo = _small(rllib_ext.PPOConfig()).build_algo()
     try:
         classes = _pipeline_classes(algo)
-        assert VectorizedGAE in classes
+        assert CompiledGAE in classes
         assert GeneralAdvantageEstimation not in classes
         result = algo.train()
         metrics = _gae_metrics(result)
-        assert metrics["gae/vectorized"] == 1.0
+        assert metrics["gae/compiled"] == 1.0
         assert metrics["gae/compiled"] == 1.0  # the numba kernel ran inside the learner
         assert metrics["gae/time_ms"] > 0.0
         assert result["learners"]["default_policy"]["vf_loss"] > 0.0
@@ -54,7 +54,7 @@ def test_gae_rllib_keeps_rllibs_connector() -> None:
     algo = _small(rllib_ext.PPOConfig()).training(gae="rllib").build_algo()
     try:
         classes = _pipeline_classes(algo)
-        assert GeneralAdvantageEstimation in classes and VectorizedGAE not in classes
+        assert GeneralAdvantageEstimation in classes and CompiledGAE not in classes
         assert _gae_metrics(algo.train()) == {}
     finally:
         algo.stop()
@@ -62,12 +62,12 @@ def test_gae_rllib_keeps_rllibs_connector() -> None:
 
 def test_stock_config_route_activates_the_same_learner() -> None:
     cfg = _small(StockPPOConfig()).learners(
-        learner_class=PPOExtTorchLearner, learner_config_dict={"gae": "vectorized"}
+        learner_class=PPOExtTorchLearner, learner_config_dict={"gae": "compiled"}
     )
     algo = cfg.build_algo()
     try:
         assert isinstance(algo.learner_group._learner, PPOExtTorchLearner)
-        assert _gae_metrics(algo.train())["gae/vectorized"] == 1.0
+        assert _gae_metrics(algo.train())["gae/compiled"] == 1.0
     finally:
         algo.stop()
 
@@ -94,11 +94,11 @@ def test_checkpoint_restores_config_subclass_and_flags(tmp_path) -> None:
         assert restored.config.learner_config_dict["standardize_advantages"] == "masked"
         learner = restored.learner_group._learner
         assert isinstance(learner, PPOExtTorchLearner)
-        gae = next(p for p in learner._learner_connector.connectors if isinstance(p, VectorizedGAE))
+        gae = next(p for p in learner._learner_connector.connectors if isinstance(p, CompiledGAE))
         assert gae.standardize_advantages == "masked"
         result = restored.train()
         assert result["training_iteration"] == 2
-        assert _gae_metrics(result)["gae/vectorized"] == 1.0
+        assert _gae_metrics(result)["gae/compiled"] == 1.0
     finally:
         restored.stop()
 
@@ -116,10 +116,10 @@ def test_tune_with_rllib_ext_trainable_keeps_extension(tmp_path) -> None:
     )
     result = tuner.fit().get_best_result(metric="training_iteration", mode="max")
     assert result.error is None
-    assert result.metrics["learners"]["default_policy"]["gae/vectorized"] == 1.0
+    assert result.metrics["learners"]["default_policy"]["gae/compiled"] == 1.0
 
 
-def test_multi_agent_two_modules_both_get_vectorized_gae() -> None:
+def test_multi_agent_two_modules_both_get_compiled_gae() -> None:
     from ray.rllib.examples.envs.classes.multi_agent import MultiAgentCartPole
 
     cfg = (
@@ -136,6 +136,6 @@ def test_multi_agent_two_modules_both_get_vectorized_gae() -> None:
     try:
         result = algo.train()
         for mid in ("p0", "p1"):
-            assert result["learners"][mid]["gae/vectorized"] == 1.0
+            assert result["learners"][mid]["gae/compiled"] == 1.0
     finally:
         algo.stop()

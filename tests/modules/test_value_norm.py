@@ -11,7 +11,7 @@ from ray.rllib.core.rl_module.multi_rl_module import MultiRLModule
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.evaluation.postprocessing import Postprocessing
 
-from rllib_ext.connectors.gae import VectorizedGAE
+from rllib_ext.connectors.gae import CompiledGAE
 from rllib_ext.connectors.value_norm import UpdateValueNorm
 from rllib_ext.modules import MaskedPPOTorchRLModule
 from rllib_ext.modules.value_norm import ValueNorm
@@ -215,7 +215,7 @@ def test_gae_sees_denormalized_values_by_hand():
         Columns.TRUNCATEDS: torch.tensor([False, True, False]),
         Columns.LOSS_MASK: torch.tensor([True, True, False]),
     }
-    gae = VectorizedGAE(gamma=0.9, lambda_=0.95, standardize_advantages="none")
+    gae = CompiledGAE(gamma=0.9, lambda_=0.95, standardize_advantages="none")
     out = gae(rl_module=multi, episodes=[], batch={"p": module_batch})["p"]
     # t=1 truncated: target = r1 + gamma * V(bootstrap) = 2 + 0.9 * 11 = 11.9
     # t=0: delta = 1 + 0.9 * 11 - 11 = -0.1; A0 = -0.1 + 0.9 * 0.95 * 0.9 = 0.6695

@@ -8,9 +8,9 @@ connectors, callbacks, metrics) is RLlib's. StarCraft II backends keep RLlib's r
 
 Visible in the results as ``env_runners/smax_batched_envs`` (battles per compiled call) and
 ``env_runners/smax_fused_groups`` (groups of battles the fused loop alternates between).
-``amp_inference=True`` keeps this runner: it is an ``AMPMultiAgentEnvRunner`` (the forward runs
-under the learner's autocast dtype, its outputs cast back to float32 before actions and
-``action_logp`` are computed).
+``amp_inference=True`` keeps this runner: it opts into :class:`~rllib_ext.env_runners.AMPInference`
+(the forward runs under the learner's autocast dtype, its outputs cast back to float32 before
+actions and ``action_logp`` are computed).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.utils.annotations import override
 
 from rllib_ext import _rllib_private as private
-from rllib_ext.env_runners import AMPMultiAgentEnvRunner
+from rllib_ext.env_runners import AMPInference, replaceable
 from rllib_ext.envs.smac.factory import smax_env_config
 from rllib_ext.envs.smac.sampling import (
     FusedSampler,
@@ -58,28 +58,28 @@ def use_smax_vector_env_runner(config: AlgorithmConfig) -> bool:
     """Sets ``config.env_runner_cls`` to :class:`SMAXVectorEnvRunner` where it applies.
 
     Applies when the env runs on SMAX, ``num_envs_per_env_runner > 1``, the config is
-    multi-agent and the user chose no env-runner class (``AMPMultiAgentEnvRunner``, which
-    ``amp_inference=True`` picks, counts as no choice: this runner is one). Idempotent; an
-    earlier automatic choice is undone when the config no longer qualifies. Returns whether
-    the batched runner is selected.
+    multi-agent and the user chose no env-runner class (RLlib's default plus protocols, e.g.
+    ``amp_inference``'s runner, counts as no choice: see :func:`~rllib_ext.env_runners.
+    replaceable`; this runner supports the same protocols). Idempotent; an earlier automatic
+    choice is undone when the config no longer qualifies. Returns whether the batched runner is
+    selected.
     """
     chosen = config.env_runner_cls
-    if chosen not in (None, SMAXVectorEnvRunner, AMPMultiAgentEnvRunner):
+    if chosen is not SMAXVectorEnvRunner and not replaceable(chosen):
         return False
     wanted = (
         config.num_envs_per_env_runner > 1
         and config.is_multi_agent
         and smax_env_config(config.env, config.env_config) is not None
     )
-    if not wanted and chosen is AMPMultiAgentEnvRunner:
-        return False  # amp_inference's runner stays
-    config.env_runner_cls = SMAXVectorEnvRunner if wanted else None
+    if wanted or chosen is SMAXVectorEnvRunner:
+        config.env_runner_cls = SMAXVectorEnvRunner if wanted else None
     return wanted
 
 
-class SMAXVectorEnvRunner(AMPMultiAgentEnvRunner):
+class SMAXVectorEnvRunner(AMPInference, MultiAgentEnvRunner):
     """``MultiAgentEnvRunner`` whose vector env is one :class:`SMAXVectorEnv` (with
-    ``amp_inference`` support, see :class:`rllib_ext.env_runners.AMPMultiAgentEnvRunner`).
+    ``amp_inference`` support: :class:`rllib_ext.env_runners.AMPInference`).
 
     With ``fused_sampling`` (default on; a runner attribute, ``config.env_config`` is
     untouched) time-step sampling runs as arrays (:class:`~rllib_ext.envs.smac.sampling.
@@ -101,7 +101,7 @@ class SMAXVectorEnvRunner(AMPMultiAgentEnvRunner):
     env is built (class or instance attribute; ``make_env()`` rebuilds)."""
     env: SMAXVectorEnv | None
 
-    @override(AMPMultiAgentEnvRunner)
+    @override(MultiAgentEnvRunner)
     def __init__(self, config: AlgorithmConfig, **kwargs: Any) -> None:
         super().__init__(config=config, **kwargs)
         self.fused = FusedSampler(self)

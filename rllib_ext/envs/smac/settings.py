@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-from rllib_ext._validation import check_choice, unknown_keys_error
+from rllib_ext._validation import check_choice, check_known_keys
 
 __all__ = [
     "BACKENDS",
@@ -203,14 +203,11 @@ class SMACEnvSettings:
             ValueError: an unknown key (with the closest known one) or a bad value.
         """
         config = dict(env_config or {})
-        known = [f.name for f in fields(cls)]
-        unknown = sorted(set(config) - set(known))
-        if unknown:
-            raise unknown_keys_error(
-                unknown,
-                known,
-                what="SMAC env_config key(s)",
-                fix="StarCraft2Env arguments go in 'sc2_options', SMAX scenario arguments in "
-                "'smax_options'.",
-            )
+        check_known_keys(
+            sorted(config),
+            [f.name for f in fields(cls)],
+            what="SMAC env_config key(s)",
+            fix="StarCraft2Env arguments go in 'sc2_options', SMAX scenario arguments in "
+            "'smax_options'.",
+        )
         return cls(**config)
