@@ -402,10 +402,8 @@ DEFAULT_TRAINING: dict[str, Any] = {
 """PPO hyper-parameters of ``rllib-ext train`` (``--training`` overrides single keys; the rest
 are RLlib's PPO defaults).
 
-Chosen for CartPole-v1 on 2 CPU cores, where the learner dominates an iteration: its cost is
-``num_epochs * train_batch_size / minibatch_size`` SGD steps, 940 with RLlib's defaults
-(4000 / 128 * 30, lr 5e-5) against 80 here. With 8 vectorized envs in the driver this reached
-450 in 13-25 s of training over seeds 0-5 (12-24 iterations of about 1 s), against about
-155 s (11 iterations of 14 s) for RLlib's defaults on the same machine. lr 3e-4 is also the
-2023 tutorial's value; lambda_=0.95 and 4000-step batches were slower here.
+Chosen for CartPole-v1 on a 2-core laptop, where the learner dominates an iteration: its cost
+is ``num_epochs * train_batch_size / minibatch_size`` SGD steps, 80 here against 940 with
+RLlib's defaults (4000 / 128 * 30, lr 5e-5); lr 3e-4 is also the 2023 tutorial's value
+(timings: benchmarks/README.md, "CartPole").
 """

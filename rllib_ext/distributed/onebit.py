@@ -198,8 +198,8 @@ def onebit_hook(state: OneBitState, bucket: dist.GradBucket) -> torch.futures.Fu
     on all ranks) and multiplies the decoded mean back by ``rms``: the 1-bit Adam recipe (Tang
     et al. 2021, https://arxiv.org/abs/2102.02888) moved into the hook. Without it every element
     arrives with the bucket's one magnitude, Adam's second moment tracks that instead of the
-    element's own gradient scale, and small-gradient parameters learn slowly (CartPole, 2
-    learners: 2.2x the env steps of uncompressed to reach 450).
+    element's own gradient scale, and small-gradient parameters learn slowly (benchmarks/
+    README.md, "Gradient compression").
 
     Each rank sends ``ceil(n/8)`` bytes of sign bits plus one fp32 scale; every rank decodes
     the same gathered buffer in rank order, so all ranks hold bit-identical gradients. Signs

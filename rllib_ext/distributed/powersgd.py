@@ -7,9 +7,9 @@ matrix ``M [n, m]`` of a bucket that passes the ``min_compression_rate`` test is
 (biases) are all-reduced uncompressed. Error feedback keeps ``corrected - decoded`` per bucket;
 warm start reuses last step's ``Q``.
 
-Why not call PyTorch's hook: measured on a 25M-parameter MLP, one thread, it spends ~320 ms per
-step in arithmetic, mostly memory layout (``bmm(M^T, P)`` on a transposed view: 134 ms vs 12 ms
-for ``(P^T M)^T``; two fresh 100 MB tensors per step for error feedback). And it launches its P
+Why not call PyTorch's hook: its arithmetic is dominated by memory layout (``bmm(M^T, P)`` on
+a transposed view, about 10x ``(P^T M)^T``; two fresh bucket-sized tensors per step for error
+feedback; benchmarks/README.md, "Gradient compression"). And it launches its P
 and Q all-reduces from inside future callbacks, i.e. from the backend's threads: on gloo, with
 two or more buckets in flight, they start in a different order on different ranks and can block
 every worker thread (a deadlock we hit). Here all collectives of a bucket are launched from the
@@ -316,7 +316,7 @@ def powersgd_hook(
             )
         # The decoded bucket is built from these all-reduced buffers only (identical on every
         # rank), and any inf/NaN in a rank's gradient reaches them. Summing them is far cheaper
-        # than scanning the bucket (isfinite over 25M floats: ~170 ms on one core); an fp32
+        # than scanning the bucket with isfinite (a full pass over it); an fp32
         # overflow of the sum itself would only cause a harmless memory reset.
         checks = torch.stack([flat_plain.sum(), p_flat.sum(), qt_flat.sum()])
         nonfinite = not bool(torch.isfinite(checks).all())

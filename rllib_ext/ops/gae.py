@@ -5,8 +5,8 @@ Same contract as RLlib's ``ray.rllib.utils.postprocessing.value_predictions.comp
 time steps and without truncating the geometric filter.
 
 The work is one compiled backward pass (:mod:`rllib_ext.ops.gae_compiled`, numba, a dependency
-of rllib-ext): bit-identical to the plain loop of :mod:`rllib_ext.ops.gae_reference`, about 2x
-the time of copying the arrays once. This module validates and converts the inputs.
+of rllib-ext): bit-identical to the plain loop of :mod:`rllib_ext.ops.gae_reference` (timings:
+benchmarks/README.md, "GAE"). This module validates and converts the inputs.
 
 Recurrence, for t = N-1 .. 0 (``A_N = 0``)::
 

@@ -17,7 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from ray.rllib.callbacks.callbacks import RLlibCallback
+from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
+from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
+from rllib_ext.callbacks import add_callback
 from rllib_ext.profiling.breakdown import PHASES, Breakdown, breakdown_of_result, merge_breakdowns
 from rllib_ext.profiling.env_runner import EnvRunnerTimers, timed_subclass
 from rllib_ext.profiling.learner import LearnerTimers
@@ -127,11 +130,6 @@ def enable_profiling(
     Raises:
         ValueError: bad ``iterations`` or an unwritable ``out_dir``, naming the fix.
     """
-    from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
-    from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
-
-    from rllib_ext.smac_config import add_callback
-
     timed = tuple(sorted(set(int(i) for i in iterations)))
     if not timed or timed[0] < 1:
         raise ValueError(
@@ -145,7 +143,12 @@ def enable_profiling(
     learner = timed_subclass(LearnerTimers, config.learner_class)
     config.env_runners(env_runner_cls=runner)
     config.learners(learner_class=learner)
-    attrs = {"out_dir": out, "iterations": timed, "trace": trace and out is not None}
-    configured = type("ConfiguredProfilerCallback", (ProfilerCallback,), attrs)
-    add_callback(config, configured, replaces=ProfilerCallback)  # a second call re-configures
+
+    class ConfiguredProfilerCallback(ProfilerCallback):
+        """This call's options (RLlib builds callbacks without arguments)."""
+
+    ConfiguredProfilerCallback.out_dir = out
+    ConfiguredProfilerCallback.iterations = timed
+    ConfiguredProfilerCallback.trace = trace and out is not None
+    add_callback(config, ConfiguredProfilerCallback, replaces=ProfilerCallback)  # re-configures
     return config

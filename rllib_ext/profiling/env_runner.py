@@ -122,5 +122,11 @@ def timed_subclass(timers: type, base: type) -> type:
             f"profiling needs a {needed.__name__} subclass, got {base.__name__}. Fix: "
             ".framework('torch') with a torch learner (e.g. rllib_ext.PPOExtTorchLearner)."
         )
-    attrs = {"__module__": timers.__module__, "profiled_class": base}
-    return type(f"Profiling{base.__name__}", (timers, base), attrs)
+
+    class Profiling(timers, base):
+        profiled_class = base
+        """The class being timed (what reports name)."""
+
+    Profiling.__name__ = Profiling.__qualname__ = f"Profiling{base.__name__}"
+    Profiling.__module__ = timers.__module__
+    return Profiling

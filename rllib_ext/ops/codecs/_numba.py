@@ -7,7 +7,7 @@ tensors (``tensor.numpy()`` shares memory).
 
 The torch ops of the 1-bit codec each make a pass over the bucket (add the residual, divide by
 the preconditioner, sign bits, pack, scale, residual update, unpack, multiply back): about nine
-passes, ~23 ms per 6.25M floats on one core. Fused here into three:
+passes. Fused here into three (timings: benchmarks/README.md, "Gradient compression"):
 
 * :func:`encode` (one pass): ``c = acc + g / precond`` written to ``acc``, ``sum |c|``, and the
   sign bits of ``c`` packed 8 per byte (block by block while ``c`` is in L1);
@@ -62,7 +62,7 @@ EXPAND = _expand_table()
 
 # The loops sit in small functions called on block slices: LLVM vectorizes these (and hoists
 # the loop-invariant flags out of the loop), but not the same loops written inline in the block
-# loop (measured 2.3 vs 6.5 ms per 6.25M).
+# loop (about 3x slower).
 @_sum_jit
 def corrected_block(
     grad: Array, precond: Array, has_precond: bool, acc: Array, accumulate: bool
