@@ -366,7 +366,7 @@ def test_installed_console_script_prints_no_traceback() -> None:
     assert proc.stderr.strip().splitlines() == [
         line for line in proc.stderr.strip().splitlines() if line.startswith("rllib-ext: error:")
     ]
-    assert "'fast'" in proc.stderr and "vectorized" in proc.stderr
+    assert "'fast'" in proc.stderr and "compiled" in proc.stderr
 
 
 def test_help_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
