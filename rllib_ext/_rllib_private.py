@@ -77,7 +77,10 @@ _TORCH_LEARNER = "ray.rllib.core.learner.torch.torch_learner:TorchLearner"
 _ENV_RUNNER = "ray.rllib.env.env_runner:EnvRunner"
 _MA_RUNNER = "ray.rllib.env.multi_agent_env_runner:MultiAgentEnvRunner"
 _MA_EPISODE = "ray.rllib.env.multi_agent_episode:MultiAgentEpisode"
+_SA_RUNNER = "ray.rllib.env.single_agent_env_runner:SingleAgentEnvRunner"
+_SA_EPISODE = "ray.rllib.env.single_agent_episode:SingleAgentEpisode"
 _CONFIG = "ray.rllib.algorithms.algorithm_config:AlgorithmConfig"
+_TORCH_RL_MODULE = "ray.rllib.core.rl_module.torch.torch_rl_module:TorchRLModule"
 
 # The state layout of MultiAgentEpisode.get_state() that the fused SMAX chunks are built from.
 _EPISODE_PRIVATE_STATE_KEYS = (
@@ -111,6 +114,28 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     PrivateName(_MA_RUNNER, "_weights_seq_no", "attribute", "fused SMAX episodes"),
     PrivateName(_ENV_RUNNER, "_metrics_num_env_steps_sampled", "attribute", "fused SMAX metrics"),
     PrivateName(_ENV_RUNNER, "_log_env_steps", "method", "fused SMAX metrics"),
+    *(
+        PrivateName(_SA_RUNNER, name, "attribute", "fused_sampling/: rule, loop, metrics")
+        for name in (
+            "_env_to_module",
+            "_module_to_env",
+            "_callbacks",
+            "_needs_initial_reset",
+            "_ongoing_episodes_for_metrics",
+            "_done_episodes_for_metrics",
+            "_seed",
+            "_weights_seq_no",
+        )
+    ),
+    PrivateName(_ENV_RUNNER, "_try_env_reset", "method", "fused_sampling/sampler.py: reset"),
+    PrivateName(_ENV_RUNNER, "_try_env_step", "method", "fused_sampling/sampler.py: step"),
+    PrivateName(
+        _SA_RUNNER, "_increase_sampled_metrics", "method", "fused_sampling/sampler.py: counters"
+    ),
+    PrivateName(_TORCH_RL_MODULE, "_forward_exploration", "method", "fused_sampling/policy.py"),
+    PrivateName(_TORCH_RL_MODULE, "_forward_inference", "method", "fused_sampling/policy.py"),
+    PrivateName(_SA_EPISODE, "_start_time", "attribute", "fused_sampling/chunks.py: clock"),
+    PrivateName(_SA_EPISODE, "_last_step_time", "attribute", "fused_sampling/chunks.py: clock"),
     *(
         PrivateName(_MA_EPISODE, key, "state_key", "fused SMAX episode chunks")
         for key in _EPISODE_PRIVATE_STATE_KEYS
@@ -287,8 +312,49 @@ def log_env_steps_sampled(runner: Any, num_steps: int) -> None:
     runner._log_env_steps(metric=runner._metrics_num_env_steps_sampled, num_steps=num_steps)
 
 
+def try_env_reset(runner: Any, *, seed: Any) -> Any:
+    """``(observations, infos)`` of the runner's vector env reset by RLlib's fault-tolerant
+    reset (``ENV_RESET_TIMER``; a failing env is re-created and reset again)."""
+    return runner._try_env_reset(seed=seed, options=None)
+
+
+def try_env_step(runner: Any, actions: Any) -> Any:
+    """The vector env's ``step(actions)`` results by RLlib's fault-tolerant step
+    (``ENV_STEP_TIMER``), or RLlib's ``ENV_STEP_FAILURE`` after it re-created the env."""
+    return runner._try_env_step(actions)
+
+
+def increase_sampled_metrics(runner: Any, num_steps: int, num_episodes: int) -> None:
+    """``SingleAgentEnvRunner``'s per-call sample counters (env/agent/module steps, episodes)."""
+    runner._increase_sampled_metrics(num_steps, num_episodes)
+
+
 # ---------------------------------------------------------------------------------------------
 # Connectors, episodes, modules, config
+
+
+def module_forward_in_eval_mode(module: Any, batch: Any, *, explore: bool, t: int) -> Any:
+    """``module.forward_exploration(batch, t=t)`` (or ``forward_inference(batch)``) for a torch
+    RLModule the caller already put in eval mode: RLlib's ``TorchRLModule`` public forwards only
+    switch the module to eval mode and back around these hooks (a walk over every submodule
+    twice per step); a module that overrides the public forward itself gets it called."""
+    # lazy: Ray out of --help
+    from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
+
+    cls = type(module)
+    if explore:
+        if cls.forward_exploration is TorchRLModule.forward_exploration:
+            return module._forward_exploration(batch, t=t)
+        return module.forward_exploration(batch, t=t)
+    if cls.forward_inference is TorchRLModule.forward_inference:
+        return module._forward_inference(batch)
+    return module.forward_inference(batch)
+
+
+def set_episode_clock(episode: Any, *, start_time: Any, last_step_time: Any) -> None:
+    """A ``SingleAgentEpisode``'s duration clock (``get_duration_s``), as its loop sets it."""
+    episode._start_time = start_time
+    episode._last_step_time = last_step_time
 
 
 def fix_spaces(pipeline: Any) -> None:

@@ -31,6 +31,7 @@ from rllib_ext.compat.training_kwargs import split_extension_kwargs
 from rllib_ext.config_checks import amp_env_runner_class, check_algorithm_config, check_rates
 from rllib_ext.env_runners import supports_amp_inference
 from rllib_ext.envs import register_envs
+from rllib_ext.fused_sampling import use_fused_single_agent_runner
 from rllib_ext.learners.ppo import PPOExtTorchLearner
 from rllib_ext.settings import ExtensionSettings, extension_keys
 from rllib_ext.smac_config import apply_smac_defaults, smac_default_rl_module_spec
@@ -177,11 +178,14 @@ class PPOConfig(LegacyAPIMixin, _RLlibPPOConfig):
         """Fills in what the flags imply; idempotent, explicit user choices are kept.
 
         * SMAC env: shared policy + SMAC metrics callback (:mod:`rllib_ext.smac_config`);
+        * single-agent with ``fused_sampling=True``: :class:`~rllib_ext.fused_sampling.
+          FusedSingleAgentEnvRunner` in place of RLlib's default (or the AMP runner);
         * ``amp_inference=True``: the AMP env runner matching single/multi-agent, in place of
           RLlib's default or a runner rllib_ext picked (a user's own class is kept and checked
           by ``validate()``).
         """
         apply_smac_defaults(self)
+        use_fused_single_agent_runner(self)
         if self.learner_config_dict.get("amp_inference") is True:
             current: Any = self.env_runner_cls  # type: ignore[has-type]
             # A runner of ours that opted into AMPInference (the SMAX batched runner,

@@ -52,6 +52,7 @@ __all__ = [
     "GAE_IMPLS",
     "REMOVED_KEYS",
     "STANDARDIZE_MODES",
+    "SamplingSettings",
     "SettingSpec",
     "extension_keys",
     "setting_specs",
@@ -104,6 +105,21 @@ class BatchingSettings:
     ``AddOneTsToEpisodesAndTruncate`` to ``BatchIndividualItems``, same batch, same episodes
     afterwards; it runs RLlib's pieces itself where it cannot be exact (stateful modules, custom
     pieces in between). ``"rllib"``: RLlib's pieces, unchanged."""
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How env runners sample (read by rllib_ext's env runners)."""
+
+    fused_sampling: bool = True
+    """Array-speed sampling: one batched forward per step instead of RLlib's connector loop.
+    ``True``: single-agent runs get ``rllib_ext.fused_sampling.FusedSingleAgentEnvRunner`` and
+    SMAX runs the fused SMAX loop, each producing RLlib's episodes and falling back to RLlib's
+    loop (logged once, ``env_runners/fused_sampling`` 0) where it cannot be exact. ``False``:
+    RLlib's loop everywhere."""
 
     def __post_init__(self) -> None:
         _check_fields(self)
@@ -186,7 +202,13 @@ class CompressionSettings:
             )
 
 
-_COMPONENTS: tuple[type, ...] = (GAESettings, BatchingSettings, AMPSettings, CompressionSettings)
+_COMPONENTS: tuple[type, ...] = (
+    GAESettings,
+    BatchingSettings,
+    SamplingSettings,
+    AMPSettings,
+    CompressionSettings,
+)
 
 
 def setting_specs() -> tuple[SettingSpec, ...]:
@@ -245,6 +267,7 @@ class ExtensionSettings:
 
     gae: GAESettings = field(default_factory=GAESettings)
     batching: BatchingSettings = field(default_factory=BatchingSettings)
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)
     amp: AMPSettings = field(default_factory=AMPSettings)
     comm: CompressionSettings = field(default_factory=CompressionSettings)
 

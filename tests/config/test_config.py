@@ -293,8 +293,11 @@ def test_validate_changes_nothing_rllib_itself_does_not(make: Any) -> None:
 
 def test_amp_inference_picks_the_env_runner_when_the_flag_is_set() -> None:
     from rllib_ext.env_runners import AMPMultiAgentEnvRunner, AMPSingleAgentEnvRunner
+    from rllib_ext.fused_sampling import FusedSingleAgentEnvRunner
 
     cfg = rllib_ext.PPOConfig().training(amp="bf16", amp_inference=True)
+    assert cfg.env_runner_cls is FusedSingleAgentEnvRunner  # an AMPInference runner too
+    cfg.training(fused_sampling=False)
     assert cfg.env_runner_cls is AMPSingleAgentEnvRunner
     cfg.environment("smax", env_config={"map_name": "3m"})  # multi-agent now
     assert cfg.env_runner_cls is AMPMultiAgentEnvRunner

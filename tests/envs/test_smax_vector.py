@@ -585,6 +585,13 @@ def test_fused_sampling_falls_back_where_it_cannot_be_exact():
     assert why_not_fused(runner, num_timesteps=16, random_actions=False) == ("RLModule on meta")
     runner.stop()
 
+    config = _config(num_envs=2, seed=0).training(fused_sampling=False)  # the setting
+    config.validate()
+    runner = SMAXVectorEnvRunner(config=config)
+    runner.sample(num_timesteps=16, explore=True)
+    assert runner.get_metrics()["smax_fused_sampling"].peek() == 0.0
+    runner.stop()
+
 
 def test_module_with_extra_outputs_samples_on_rllibs_loop_and_keeps_them():
     """A module that also returns VF_PREDS: the first fused forward hands the call to RLlib's

@@ -11,6 +11,7 @@ from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
 import rllib_ext
 from rllib_ext.env_runners import AMPSingleAgentEnvRunner
+from rllib_ext.fused_sampling import FusedSingleAgentEnvRunner
 from rllib_ext.profiling import PHASES, ProfilerCallback, breakdown_of_result, enable_profiling
 from rllib_ext.profiling.breakdown import merge_breakdowns
 from rllib_ext.profiling.env_runner import EnvRunnerTimers, PhaseClock, PipelineMark
@@ -206,13 +207,15 @@ def test_enable_profiling_selects_timing_subclasses_of_the_configured_classes(tm
     assert (tmp_path / "p").is_dir()
     # Applying it twice does not stack subclasses.
     enable_profiling(config, out_dir=None)
-    assert config.env_runner_cls.__mro__[1:3] == (EnvRunnerTimers, SingleAgentEnvRunner)
+    # (rllib_ext.PPOConfig's single-agent runner is the fused one.)
+    assert config.env_runner_cls.__mro__[1:3] == (EnvRunnerTimers, FusedSingleAgentEnvRunner)
     # ... nor callbacks: the second call's options replace the first's.
     callback = config.callbacks_class
     assert isinstance(callback, type) and issubclass(callback, ProfilerCallback)
     assert callback.out_dir is None and not callback.trace
     # amp_inference keeps rllib_ext's AMP runner underneath; the stock route keeps RLlib's learner.
     amp = rllib_ext.PPOConfig().environment("CartPole-v1").training(amp="bf16", amp_inference=True)
+    amp.training(fused_sampling=False)
     amp_runner = enable_profiling(amp, out_dir=None).env_runner_cls
     assert issubclass(amp_runner, AMPSingleAgentEnvRunner) and issubclass(
         amp_runner, EnvRunnerTimers
@@ -233,4 +236,5 @@ def test_enable_profiling_rejects_bad_options_naming_the_fix(tmp_path) -> None:
     blocker.write_text("x")
     with pytest.raises(ValueError, match="not writable.*Fix"):
         enable_profiling(config, out_dir=blocker / "sub")
-    assert config.env_runner_cls is None  # nothing changed by a rejected call
+    # nothing changed by a rejected call
+    assert config.env_runner_cls is FusedSingleAgentEnvRunner

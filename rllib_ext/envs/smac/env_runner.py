@@ -36,6 +36,7 @@ from rllib_ext.envs.smac.sampling import (
     why_not_fused,
 )
 from rllib_ext.envs.smac.vector import SMAXVectorEnv
+from rllib_ext.settings import ExtensionSettings
 
 __all__ = [
     "SMAX_BATCHED_METRIC",
@@ -81,9 +82,8 @@ class SMAXVectorEnvRunner(AMPInference, MultiAgentEnvRunner):
     """``MultiAgentEnvRunner`` whose vector env is one :class:`SMAXVectorEnv` (with
     ``amp_inference`` support: :class:`rllib_ext.env_runners.AMPInference`).
 
-    With ``fused_sampling`` (default on; a runner attribute, ``config.env_config`` is
-    untouched) time-step sampling runs as arrays (:class:`~rllib_ext.envs.smac.sampling.
-    FusedSampler`) wherever :func:`~rllib_ext.envs.smac.sampling.why_not_fused` finds no reason
+    With ``fused_sampling`` (default on; the setting, or a runner attribute) time-step
+    sampling runs as arrays (:class:`~rllib_ext.envs.smac.sampling.FusedSampler`) wherever :func:`~rllib_ext.envs.smac.sampling.why_not_fused` finds no reason
     against it; otherwise, and for episode-count sampling (evaluation), RLlib's own loop runs
     over the same vector env, with one INFO line per reason. ``env_runners/smax_fused_sampling``
     is 1 when the last ``sample()`` took the fused path.
@@ -110,6 +110,8 @@ class SMAXVectorEnvRunner(AMPInference, MultiAgentEnvRunner):
         self._fallbacks_logged: set[str] = set()
         self._unfused_outputs: str | None = None
         """Why the module's outputs keep this runner on RLlib's loop (``None``: they do not)."""
+        settings = ExtensionSettings.from_learner_config_dict(config.learner_config_dict)
+        self._setting_off = not settings.sampling.fused_sampling
 
     @property
     def vector_env(self) -> SMAXVectorEnv:
@@ -177,7 +179,7 @@ class SMAXVectorEnvRunner(AMPInference, MultiAgentEnvRunner):
     ) -> list[MultiAgentEpisode]:
         why_not = (
             "fused_sampling=False"
-            if not self.fused_sampling
+            if self._setting_off or not self.fused_sampling
             else self._unfused_outputs
             or why_not_fused(self, num_timesteps=num_timesteps, random_actions=random_actions)
         )

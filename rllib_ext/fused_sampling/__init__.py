@@ -1,0 +1,28 @@
+"""Array-speed sampling for single-agent gymnasium vector envs: RLlib's episodes, fused.
+
+:class:`FusedSingleAgentEnvRunner` (picked by ``rllib_ext.PPOConfig`` for single-agent envs,
+``fused_sampling=True``, the default) runs :class:`FusedSampler` where :func:`why_not_fused`
+finds no reason against it, else RLlib's own ``SingleAgentEnvRunner._sample``, with one INFO
+line per reason and ``env_runners/fused_sampling`` 0. Layers, as for SMAX
+(:mod:`rllib_ext.envs.smac.sampling`): the rule (``rules.py``), the forward and actions
+(``policy.py``), per-env tracks (``tracks.py``), episode chunks (``chunks.py``, the one place
+that knows RLlib's episode layout), the loop (``sampler.py``) and the runner (``runner.py``).
+"""
+
+from __future__ import annotations
+
+from rllib_ext.fused_sampling.rules import why_not_fused
+from rllib_ext.fused_sampling.runner import (
+    FUSED_METRIC,
+    FusedSingleAgentEnvRunner,
+    use_fused_single_agent_runner,
+)
+from rllib_ext.fused_sampling.sampler import FusedSampler
+
+__all__ = [
+    "FUSED_METRIC",
+    "FusedSampler",
+    "FusedSingleAgentEnvRunner",
+    "use_fused_single_agent_runner",
+    "why_not_fused",
+]

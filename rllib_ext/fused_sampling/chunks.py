@@ -1,0 +1,46 @@
+"""Episode chunks of the fused single-agent loop: the one place that knows RLlib's episode layout.
+
+:func:`build_chunk` turns a :class:`~rllib_ext.fused_sampling.tracks.Track` into the numpy'd
+``SingleAgentEpisode`` ``SingleAgentEnvRunner._sample`` would have returned for the same steps:
+RLlib's public constructor over the track's lists (lookback as ``cut()`` leaves it), then
+``to_numpy()``, so dtypes and buffers come from RLlib's own code. The cost is per chunk, not
+per step. The chunk's clock goes through :mod:`rllib_ext._rllib_private`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+
+from rllib_ext import _rllib_private as private
+from rllib_ext.fused_sampling.tracks import Track
+
+__all__ = ["build_chunk"]
+
+
+def build_chunk(
+    track: Track,
+    items: dict[str, Any],
+    *,
+    terminated: bool,
+    truncated: bool,
+    observation_space: Any,
+    action_space: Any,
+    start_time: float | None,
+    last_step_time: float | None,
+) -> SingleAgentEpisode:
+    """The numpy'd ``SingleAgentEpisode`` chunk RLlib's loop would have returned for ``track``,
+    whose per-step lists are ``items`` (:meth:`Track.items`; at least the first observation)."""
+    episode = SingleAgentEpisode(
+        track.episode_id,
+        observation_space=observation_space,
+        action_space=action_space,
+        terminated=terminated,
+        truncated=truncated,
+        t_started=track.t_started,
+        len_lookback_buffer=track.lookback,
+        **items,
+    )
+    private.set_episode_clock(episode, start_time=start_time, last_step_time=last_step_time)
+    return episode.to_numpy()

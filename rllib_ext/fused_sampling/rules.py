@@ -1,0 +1,98 @@
+"""When the fused single-agent loop is exact: the one selection rule, :func:`why_not_fused`.
+
+The loop does what RLlib's default connector pipelines do, directly, which is exact for: the
+default env-to-module / module-to-env pipelines (plus pieces that declared themselves
+fused-equivalent, :mod:`rllib_ext.sampling_protocol`), a vector env with gymnasium's
+next-step autoreset, a stateless RLModule on the CPU that
+returns no actions of its own, a ``Box`` observation space, a ``Box`` or ``Discrete`` action
+space, no per-step episode callbacks, policy (not random) actions and numpy'd episodes. Both
+sampling modes (time steps, episodes) are covered. :func:`pipeline_piece_names` and
+:func:`per_step_callback` are shared with the SMAX rule.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+from ray.rllib.callbacks.callbacks import RLlibCallback
+from ray.rllib.core.columns import Columns
+
+from rllib_ext import _rllib_private as private
+from rllib_ext.sampling_protocol import fused_equivalent
+
+__all__ = ["DEFAULT_ENV_TO_MODULE", "DEFAULT_MODULE_TO_ENV", "per_step_callback"]
+__all__ += ["pipeline_piece_names", "why_not_fused"]
+
+DEFAULT_ENV_TO_MODULE = (
+    "AddObservationsFromEpisodesToBatch",
+    "AddTimeDimToBatchAndZeroPad",
+    "AddStatesFromEpisodesToBatch",
+    "BatchIndividualItems",
+    "NumpyToTensor",
+)
+"""``SingleAgentEnvRunner``'s default env-to-module pieces, in order."""
+DEFAULT_MODULE_TO_ENV = (
+    "GetActions",
+    "TensorToNumpy",
+    "UnBatchToIndividualItems",
+    "RemoveSingleTsTimeRankFromBatch",
+    "NormalizeAndClipActions",
+    "ListifyDataForVectorEnv",
+)
+"""``SingleAgentEnvRunner``'s default module-to-env pieces, in order."""
+PER_STEP_CALLBACKS = ("on_episode_created", "on_episode_start", "on_episode_step")
+
+
+def pipeline_piece_names(pipeline: Any) -> tuple[str, ...]:
+    """The class names of ``pipeline``'s pieces, without those that declared
+    :data:`~rllib_ext.sampling_protocol.FUSED_EQUIVALENT` (a fused loop reproduces them)."""
+    pieces = getattr(pipeline, "connectors", ())
+    return tuple(type(p).__name__ for p in pieces if not fused_equivalent(p))
+
+
+def per_step_callback(runner: Any) -> str | None:
+    """The first per-step episode callback (object method or config function) the runner
+    would call, as ``"callback Class.method"`` / ``"config callbacks_<name>"``; else ``None``."""
+    for callback in private.runner_callbacks(runner):
+        for name in PER_STEP_CALLBACKS:
+            if getattr(type(callback), name) is not getattr(RLlibCallback, name):
+                return f"callback {type(callback).__name__}.{name}"
+    for name in PER_STEP_CALLBACKS:
+        if getattr(runner.config, f"callbacks_{name}", None):
+            return f"config callbacks_{name}"
+    return None
+
+
+def why_not_fused(runner: Any, *, random_actions: bool) -> str | None:
+    """Why the fused loop cannot reproduce ``SingleAgentEnvRunner._sample`` for this call of
+    ``runner`` (a ``SingleAgentEnvRunner``); ``None``: it can."""
+    config, module = runner.config, runner.module
+    if random_actions:
+        return "random actions"
+    if module is None:
+        return "no RLModule"
+    if pipeline_piece_names(private.env_to_module(runner)) != DEFAULT_ENV_TO_MODULE:
+        return "custom env-to-module connectors"
+    if pipeline_piece_names(private.module_to_env(runner)) != DEFAULT_MODULE_TO_ENV:
+        return "custom module-to-env connectors"
+    if not config.episodes_to_numpy:
+        return "episodes_to_numpy=False"
+    if module.is_stateful():
+        return "a stateful (recurrent) RLModule"
+    param = next(iter(module.parameters()), None) if hasattr(module, "parameters") else None
+    if param is not None and param.device.type != "cpu":
+        return f"RLModule on {param.device}"
+    env = runner.env
+    autoreset = env.metadata.get("autoreset_mode")
+    if autoreset is not None and autoreset != gym.vector.AutoresetMode.NEXT_STEP:
+        return f"vector env autoreset mode {autoreset} (fused and RLlib's loop: next-step)"
+    if not isinstance(env.single_observation_space, gym.spaces.Box):
+        return f"observation space {type(env.single_observation_space).__name__} (fused: Box)"
+    if not isinstance(env.single_action_space, (gym.spaces.Box, gym.spaces.Discrete)):
+        return f"action space {type(env.single_action_space).__name__} (fused: Box, Discrete)"
+    return per_step_callback(runner)
+
+
+UNFUSED_OUTPUTS = frozenset({Columns.ACTIONS, Columns.ACTIONS_FOR_ENV, Columns.STATE_OUT})
+"""Module outputs the fused loop leaves to RLlib's loop (found by the first forward of a call)."""

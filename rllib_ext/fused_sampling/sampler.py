@@ -1,0 +1,225 @@
+"""``FusedSampler``: RLlib's ``SingleAgentEnvRunner._sample`` as one batched forward per step.
+
+It owns what a fused rollout carries between ``sample()`` calls: one :class:`~.tracks.Track` per
+env, which envs await their reset observation, and the envs' last observations. A step is one
+forward over all envs (:func:`~.policy.act`), one ``env.step`` through RLlib's fault-tolerant
+``_try_env_step`` and a few appends to the call's :class:`~.tracks.StepLog`; per-env work
+happens only where an episode starts or ends, and episode objects are built once per chunk
+(:func:`~.chunks.build_chunk`). The order of operations, the RNG draws, the counters and the
+episode metrics are those of RLlib's loop, for both sampling modes. Exact where
+:func:`~.rules.why_not_fused` says so.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+from ray.rllib.callbacks.utils import make_callback
+from ray.rllib.env.env_runner import ENV_STEP_FAILURE
+from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+
+from rllib_ext import _rllib_private as private
+from rllib_ext.fused_sampling.chunks import build_chunk
+from rllib_ext.fused_sampling.policy import act
+from rllib_ext.fused_sampling.tracks import StepLog, Track
+
+__all__ = ["FusedSampler"]
+
+
+class FusedSampler:
+    """The fused loop of one ``SingleAgentEnvRunner`` (``runner``)."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+        self.tracks: list[Track] | None = None
+        """Per env: its episode chunk in progress (``None``: nothing in progress)."""
+        self.awaiting_reset: np.ndarray | None = None
+        """``bool [N]``: the env's episode ended; its next step returns the reset observation."""
+        self.observations: np.ndarray | None = None
+        """The envs' last observations ``[N, ...]`` (the next forward's input)."""
+
+    @property
+    def active(self) -> bool:
+        """Whether episodes are in progress (the next time-step call continues them)."""
+        return self.tracks is not None
+
+    def drop(self) -> None:
+        """Forgets the episodes in progress (the next call, fused or not, resets the envs)."""
+        self.tracks = self.awaiting_reset = self.observations = None
+
+    def sample(
+        self,
+        *,
+        num_timesteps: int | None,
+        num_episodes: int | None,
+        explore: bool,
+        force_reset: bool,
+    ) -> list[SingleAgentEpisode]:
+        """``num_timesteps`` env steps (or ``num_episodes`` whole episodes) of all envs, as
+        RLlib's numpy'd episode chunks: the finished ones, then (time steps only) one
+        continued chunk per running episode."""
+        runner = self.runner
+        log = StepLog()
+        if (
+            force_reset
+            or num_episodes is not None
+            or self.tracks is None
+            or private.needs_initial_reset(runner)
+        ):
+            self._reset(log)
+        if num_episodes is not None:
+            private.set_needs_initial_reset(runner, True)
+        done: list[SingleAgentEpisode] = []
+        with _eval_mode(runner.module):
+            ts = self._loop(log, done, num_timesteps, num_episodes, explore=explore)
+        private.done_episodes_for_metrics(runner).extend(done)
+        ongoing: list[SingleAgentEpisode] = []
+        if num_timesteps is not None:
+            ongoing = self._continue_chunks(log)
+        private.log_env_steps_sampled(runner, ts)
+        private.increase_sampled_metrics(runner, ts, len(done))
+        if num_episodes is not None:
+            self.drop()
+        return done + ongoing
+
+    def _loop(
+        self,
+        log: StepLog,
+        done: list[SingleAgentEpisode],
+        num_timesteps: int | None,
+        num_episodes: int | None,
+        *,
+        explore: bool,
+    ) -> int:
+        """RLlib's ``while`` loop: steps all envs until the call's env steps (or episodes) are
+        taken, appending finished episodes to ``done``; returns the env steps taken."""
+        runner = self.runner
+        ts = eps = 0
+        while (ts < num_timesteps) if num_timesteps is not None else (eps < (num_episodes or 0)):
+            assert self.observations is not None  # set by _reset
+            step = act(runner, self.observations, explore=explore, env_ts=ts)
+            # RLlib's fault-tolerant step: a seam profilers time as "env_step" themselves.
+            results = private.try_env_step(runner, step.actions_for_env)
+            if results is ENV_STEP_FAILURE:  # RLlib re-created the env: start over
+                ts = 0
+                self._reset(log)
+                continue
+            observations, rewards, terminateds, truncateds, infos = results
+            tracks, awaiting = self.tracks, self.awaiting_reset
+            assert tracks is not None and awaiting is not None
+            s = len(log)
+            log.obs.append(observations)
+            log.infos.append(infos)
+            log.actions.append(step.actions)
+            log.rewards.append(rewards)
+            log.extra.append(step.extra)
+            log.weights_seq_no.append(step.weights_seq_no)
+            now = time.perf_counter()
+            log.times.append(now)
+            self.observations = observations
+            # Envs that awaited a reset got their reset observation: no step counted.
+            for i in np.flatnonzero(awaiting):
+                tracks[i].reset(observations[i], infos[i], first=s + 1, time=now)
+            stepped = ~awaiting
+            ts += int(stepped.sum())
+            ended = np.flatnonzero(stepped & (np.asarray(terminateds) | np.asarray(truncateds)))
+            awaiting[:] = False
+            for i in ended:
+                eps += 1
+                track = tracks[i]
+                track.end = s + 1
+                episode = self._chunk(
+                    track,
+                    log,
+                    int(i),
+                    terminated=bool(terminateds[i]),
+                    truncated=bool(truncateds[i]),
+                )
+                self._on_episode_end(episode, env_index=int(i))
+                done.append(episode)
+                tracks[i] = Track()
+                awaiting[i] = True
+                if num_episodes is not None and eps >= num_episodes:
+                    break
+        return ts
+
+    def _reset(self, log: StepLog) -> None:
+        """RLlib's ``_reset_envs_and_episodes``: new episodes, the envs reset (seeded on the
+        first reset); the new episodes' steps start at the log's next step."""
+        runner = self.runner
+        private.ongoing_episodes_for_metrics(runner).clear()
+        seed = private.runner_seed(runner) if private.needs_initial_reset(runner) else None
+        observations, infos = private.try_env_reset(runner, seed=seed)
+        now = time.perf_counter()
+        self.tracks = [Track() for _ in range(runner.num_envs)]
+        for i, track in enumerate(self.tracks):
+            track.reset(observations[i], infos[i], first=len(log), time=now)
+        self.awaiting_reset = np.zeros(runner.num_envs, dtype=bool)
+        self.observations = observations
+        private.set_needs_initial_reset(runner, False)
+
+    def _continue_chunks(self, log: StepLog) -> list[SingleAgentEpisode]:
+        """The running episodes' chunks (registered for the episode metrics), each continued
+        in a new track; episodes not stepped yet are continued but not returned."""
+        runner, tracks = self.runner, self.tracks
+        assert tracks is not None
+        lookback = runner.config.episode_lookback_horizon
+        ongoing = []
+        for i, track in enumerate(tracks):
+            if not track.is_reset:
+                continue  # RLlib cuts it into another empty episode: the same Track
+            if track.t_started + track.steps(log) > 0:
+                chunk = self._chunk(track, log, i, terminated=False, truncated=False)
+                private.ongoing_episodes_for_metrics(runner)[chunk.id_].append(chunk)
+                ongoing.append(chunk)
+            tracks[i] = track.continuation(log, i, lookback)
+        return ongoing
+
+    def _chunk(
+        self, track: Track, log: StepLog, env: int, *, terminated: bool, truncated: bool
+    ) -> SingleAgentEpisode:
+        space = self.runner.env
+        start_time, last_step_time = track.clock(log)
+        return build_chunk(
+            track,
+            track.items(log, env),
+            terminated=terminated,
+            truncated=truncated,
+            observation_space=space.single_observation_space,
+            action_space=space.single_action_space,
+            start_time=start_time,
+            last_step_time=last_step_time,
+        )
+
+    def _on_episode_end(self, episode: SingleAgentEpisode, *, env_index: int) -> None:
+        runner = self.runner
+        make_callback(
+            "on_episode_end",
+            callbacks_objects=private.runner_callbacks(runner),
+            callbacks_functions=runner.config.callbacks_on_episode_end,
+            kwargs=dict(
+                episode=episode,
+                env_runner=runner,
+                metrics_logger=runner.metrics,
+                env=runner.env.unwrapped,
+                rl_module=runner.module,
+                env_index=env_index,
+                prev_episode_chunks=private.ongoing_episodes_for_metrics(runner)[episode.id_],
+            ),
+        )
+
+
+@contextmanager
+def _eval_mode(module: Any) -> Iterator[None]:
+    """``module`` in eval mode for the block (RLlib's forwards switch it per call)."""
+    was_training = module.training
+    module.eval()
+    try:
+        yield
+    finally:
+        if was_training:
+            module.train()
