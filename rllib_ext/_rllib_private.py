@@ -163,8 +163,13 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     PrivateName(
         _CONFIG, "_torch_grad_scaler_class", "attribute", "config_checks.py: two loss scalers"
     ),
+    PrivateName(
+        _CONFIG, "_torch_lr_scheduler_classes", "attribute", "learners/ppo.py: lean update"
+    ),
     PrivateName("ray.tune.registry", "_global_registry", "attribute", "envs: registered envs"),
     PrivateName("ray._raylet:Config", "initialize", "method", "cli/ray_auth.py: RAY_AUTH_MODE"),
+    PrivateName("torch", "_foreach_norm", "function", "learners/lean.py: clipping"),
+    PrivateName("torch", "_foreach_mul_", "function", "learners/lean.py: clipping"),
     PrivateName("torch.cpu", "_is_avx512_bf16_supported", "function", "amp='auto', doctor"),
     PrivateName("torch.cpu", "_is_amx_tile_supported", "function", "amp='auto', doctor"),
 )
@@ -413,6 +418,11 @@ def user_model_config(config: Any) -> Any:
     return config._model_config
 
 
+def torch_lr_scheduler_classes(config: Any) -> Any:
+    """``.experimental(_torch_lr_scheduler_classes=...)`` (``None`` when unset or empty)."""
+    return getattr(config, "_torch_lr_scheduler_classes", None) or None
+
+
 def torch_grad_scaler_class(config: Any) -> Any:
     """``.experimental(_torch_grad_scaler_class=...)`` (``None`` when unset)."""
     return getattr(config, "_torch_grad_scaler_class", None)
@@ -437,6 +447,20 @@ def reload_ray_config() -> None:
 
 # ---------------------------------------------------------------------------------------------
 # torch
+
+
+def foreach_norm(tensors: list[Any]) -> list[Any]:
+    """``[t.norm(2) for t in tensors]`` in torch's foreach kernel (grouped by device/dtype)."""
+    import torch  # lazy: keeps torch out of --help
+
+    return list(torch._foreach_norm(tensors, 2.0))
+
+
+def foreach_mul_(tensors: list[Any], factor: Any) -> None:
+    """``t.mul_(factor)`` for every tensor, in torch's foreach kernel (``factor``: a scalar tensor)."""
+    import torch  # lazy: keeps torch out of --help
+
+    torch._foreach_mul_(tensors, factor)
 
 
 def cpu_has_avx512_bf16() -> bool:

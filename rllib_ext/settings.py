@@ -54,6 +54,7 @@ __all__ = [
     "STANDARDIZE_MODES",
     "SamplingSettings",
     "SettingSpec",
+    "UpdateSettings",
     "extension_keys",
     "setting_specs",
 ]
@@ -105,6 +106,19 @@ class BatchingSettings:
     ``AddOneTsToEpisodesAndTruncate`` to ``BatchIndividualItems``, same batch, same episodes
     afterwards; it runs RLlib's pieces itself where it cannot be exact (stateful modules, custom
     pieces in between). ``"rllib"``: RLlib's pieces, unchanged."""
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    """How the learner runs each minibatch step."""
+
+    lean_update: bool = True
+    """RLlib's update step in fewer kernel launches (``rllib_ext.learners.lean``): fused Adam, one
+    finite check over all gradients, foreach norms for ``grad_clip_by="global_norm"``; the same
+    update within fp32 rounding. ``False``: RLlib's single-tensor Adam and per-tensor checks."""
 
     def __post_init__(self) -> None:
         _check_fields(self)
@@ -205,6 +219,7 @@ class CompressionSettings:
 _COMPONENTS: tuple[type, ...] = (
     GAESettings,
     BatchingSettings,
+    UpdateSettings,
     SamplingSettings,
     AMPSettings,
     CompressionSettings,
@@ -267,6 +282,7 @@ class ExtensionSettings:
 
     gae: GAESettings = field(default_factory=GAESettings)
     batching: BatchingSettings = field(default_factory=BatchingSettings)
+    update: UpdateSettings = field(default_factory=UpdateSettings)
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     amp: AMPSettings = field(default_factory=AMPSettings)
     comm: CompressionSettings = field(default_factory=CompressionSettings)

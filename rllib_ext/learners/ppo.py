@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -36,6 +37,7 @@ from rllib_ext.connectors.batching import install_vectorized_batching
 from rllib_ext.connectors.death_mask import DeathMask
 from rllib_ext.connectors.gae import CompiledGAE, check_bootstrap_step_before_gae
 from rllib_ext.connectors.value_norm import UpdateValueNorm, value_norms
+from rllib_ext.learners import lean
 from rllib_ext.learners.amp import AMPState, resolve_amp_dtype
 from rllib_ext.learners.comm import CommCompression
 from rllib_ext.modules.learner_options import LearnerOptionsAPI, wants_death_masking
@@ -253,17 +255,53 @@ class PPOExtTorchLearner(PPOTorchLearner):
             return super().postprocess_gradients(gradients_dict)
 
     @override(TorchLearner)
+    def configure_optimizers_for_module(self, module_id: ModuleID, config: Any = None) -> None:
+        if not self.ext_settings.update.lean_update:
+            return super().configure_optimizers_for_module(module_id, config)
+        # RLlib's optimizer (Adam, torch's defaults, the config's lr or schedule), fused.
+        params = self.get_parameters(self.module[module_id])
+        self.register_optimizer(
+            module_id=module_id,
+            optimizer=lean.adam(params),
+            params=params,
+            lr_or_lr_schedule=config.lr,
+        )
+
+    @override(TorchLearner)
+    def _get_clip_function(self) -> Callable[..., Any]:
+        if self.ext_settings.update.lean_update:
+            return lean.clip_gradients
+        return super()._get_clip_function()
+
+    @override(TorchLearner)
     def apply_gradients(self, gradients_dict: ParamDict) -> None:
         with self._outside_autocast():
             if self.amp.scaling:
                 self._apply_scaled_gradients(gradients_dict)
             else:
-                super().apply_gradients(gradients_dict)
+                if self._lean_step_applies(gradients_dict):
+                    for pid, grad in gradients_dict.items():
+                        private.learner_param(self, pid).grad = grad
+                    for mid in private.optimizer_module_ids(self):
+                        for _, optim in self.get_optimizers_for_module(mid):
+                            optim.step()
+                else:
+                    super().apply_gradients(gradients_dict)
                 if self.amp.enabled:
                     for mid in private.optimizer_module_ids(self):
                         self._log_amp(mid)
         if self.comm.enabled:
             self.comm.log_stats(self.metrics)
+
+    def _lean_step_applies(self, gradients_dict: ParamDict) -> bool:
+        """Whether RLlib's ``apply_gradients`` would just set the gradients and step every
+        optimizer: all gradients finite, no LR scheduler classes, no grad scalers."""
+        return (
+            self.ext_settings.update.lean_update
+            and private.torch_lr_scheduler_classes(self.config) is None
+            and private.torch_grad_scaler_class(self.config) is None
+            and lean.all_finite(gradients_dict.values())
+        )
 
     def _apply_scaled_gradients(self, gradients_dict: ParamDict) -> None:
         for pid, grad in gradients_dict.items():
