@@ -35,7 +35,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"distributed"}),  # DDP hooks that move bytes
     frozenset({"ops"}),  # kernels: numpy/numba/torch, no Ray
     frozenset({"settings", "_validation"}),
-    frozenset({"_rllib_private", "_versions"}),
+    frozenset({"_rllib_private", "_versions", "_threads"}),
 )
 
 # Imports in the areas being restructured (envs/smac/, env_runners.py, profiling/) that point
