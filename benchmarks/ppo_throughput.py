@@ -20,7 +20,10 @@ term, no entropy bonus, local sampling (``num_env_runners=0``, what ``rllib-ext 
   episodes reaches 450 (RLlib: ``env_runners/episode_return_mean``, 100-episode window; SB3: its
   100-episode ``ep_info_buffer``), per seed, all three, stopping at ``--max-steps``.
 
-Rows: one JSON line per measurement after a header row (command, commit, machine, versions).
+Each measurement runs in a fresh process, so each framework gets its own defaults (rllib-ext:
+``OMP_WAIT_POLICY=PASSIVE``, set by ``import rllib_ext``; the others: OpenMP's spinning default;
+every row records the policy it ran under). Rows: one JSON line per measurement after a header
+row (command, commit, machine, versions).
 """
 
 from __future__ import annotations
@@ -200,6 +203,37 @@ def _header(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _worker(task: dict[str, Any]) -> dict[str, Any]:
+    """One measurement in this (fresh) process: rllib-ext is imported first for its own rows
+    (as a user's script would, so its OpenMP wait policy applies), never for the others."""
+    if task["framework"] == "rllib-ext":
+        import rllib_ext  # noqa: F401  (before torch: OMP_WAIT_POLICY, rllib_ext._threads)
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        if task["kind"] == "throughput":
+            return throughput(task["framework"], task["env"], task["iters"])
+        return to_450(task["framework"], task["seed"], task["max_steps"])
+    finally:
+        ray.shutdown()
+
+
+def _in_fresh_process(task: dict[str, Any]) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, __file__, "--worker", json.dumps(task)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    return {
+        **{k: v for k, v in task.items() if k != "kind"},
+        **result,
+        "omp_wait_policy": result.get("omp_wait_policy"),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--envs", nargs="+", default=list(ENVS))
@@ -208,32 +242,36 @@ def main() -> None:
     parser.add_argument("--to-450", type=int, nargs="*", default=[0, 1, 2, 3], metavar="SEED")
     parser.add_argument("--max-steps", type=int, default=200_000)
     parser.add_argument("--json", type=Path, help="append rows to this JSON-lines file")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker:
+        result = _worker(json.loads(args.worker))
+        result["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY")
+        print(json.dumps(result), flush=True)
+        return
 
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     rows: list[dict[str, Any]] = [{"header": _header(args)}]
-
-    def emit(row: dict[str, Any]) -> None:
+    print(json.dumps(rows[0]), flush=True)
+    tasks = [
+        {"kind": "throughput", "env": env, "framework": fw, "iters": args.iters}
+        for env in args.envs
+        for fw in args.frameworks
+    ]
+    tasks += [
+        {
+            "kind": "to_450",
+            "env": "CartPole-v1",
+            "framework": fw,
+            "seed": seed,
+            "max_steps": args.max_steps,
+        }
+        for seed in args.to_450
+        for fw in args.frameworks
+    ]
+    for task in tasks:
+        row = _in_fresh_process(task)
         rows.append(row)
         print(json.dumps(row), flush=True)
-
-    print(json.dumps(rows[0]), flush=True)
-    for env in args.envs:
-        for framework in args.frameworks:
-            emit({"env": env, "framework": framework, **throughput(framework, env, args.iters)})
-    for seed in args.to_450:
-        for framework in args.frameworks:
-            emit(
-                {
-                    "to_450": True,
-                    "framework": framework,
-                    "seed": seed,
-                    **to_450(framework, seed, args.max_steps),
-                }
-            )
-    ray.shutdown()
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         with args.json.open("a") as f:
