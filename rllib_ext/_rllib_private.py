@@ -82,6 +82,17 @@ _SA_EPISODE = "ray.rllib.env.single_agent_episode:SingleAgentEpisode"
 _CONFIG = "ray.rllib.algorithms.algorithm_config:AlgorithmConfig"
 _TORCH_RL_MODULE = "ray.rllib.core.rl_module.torch.torch_rl_module:TorchRLModule"
 
+_RUNNER_PRIVATE_ATTRIBUTES = (
+    "_env_to_module",
+    "_module_to_env",
+    "_callbacks",
+    "_needs_initial_reset",
+    "_ongoing_episodes_for_metrics",
+    "_done_episodes_for_metrics",
+    "_seed",
+    "_weights_seq_no",
+)
+
 # The state layout of MultiAgentEpisode.get_state() that the fused SMAX chunks are built from.
 _EPISODE_PRIVATE_STATE_KEYS = (
     "_agent_to_module_mapping",
@@ -104,29 +115,15 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         "method",
         "learners/ppo.py: get_state components",
     ),
-    PrivateName(_MA_RUNNER, "_env_to_module", "attribute", "fused SMAX rule, profiling"),
-    PrivateName(_MA_RUNNER, "_module_to_env", "attribute", "fused SMAX rule, AMP, profiling"),
-    PrivateName(_MA_RUNNER, "_callbacks", "attribute", "fused SMAX sampling"),
-    PrivateName(_MA_RUNNER, "_needs_initial_reset", "attribute", "fused SMAX sampling"),
-    PrivateName(_MA_RUNNER, "_ongoing_episodes_for_metrics", "attribute", "fused SMAX metrics"),
-    PrivateName(_MA_RUNNER, "_done_episodes_for_metrics", "attribute", "fused SMAX metrics"),
-    PrivateName(_MA_RUNNER, "_seed", "attribute", "fused SMAX reset"),
-    PrivateName(_MA_RUNNER, "_weights_seq_no", "attribute", "fused SMAX episodes"),
-    PrivateName(_ENV_RUNNER, "_metrics_num_env_steps_sampled", "attribute", "fused SMAX metrics"),
-    PrivateName(_ENV_RUNNER, "_log_env_steps", "method", "fused SMAX metrics"),
+    # Both runners set these in their own __init__: fused loops (SMAX and single-agent), their
+    # selection rules, AMP's cast piece and profiling's marks read them.
     *(
-        PrivateName(_SA_RUNNER, name, "attribute", "fused_sampling/: rule, loop, metrics")
-        for name in (
-            "_env_to_module",
-            "_module_to_env",
-            "_callbacks",
-            "_needs_initial_reset",
-            "_ongoing_episodes_for_metrics",
-            "_done_episodes_for_metrics",
-            "_seed",
-            "_weights_seq_no",
-        )
+        PrivateName(runner, name, "attribute", "fused loops, AMP, profiling")
+        for runner in (_MA_RUNNER, _SA_RUNNER)
+        for name in _RUNNER_PRIVATE_ATTRIBUTES
     ),
+    PrivateName(_ENV_RUNNER, "_metrics_num_env_steps_sampled", "attribute", "fused metrics"),
+    PrivateName(_ENV_RUNNER, "_log_env_steps", "method", "fused loops' metrics"),
     PrivateName(_ENV_RUNNER, "_try_env_reset", "method", "fused_sampling/sampler.py: reset"),
     PrivateName(_ENV_RUNNER, "_try_env_step", "method", "fused_sampling/sampler.py: step"),
     PrivateName(

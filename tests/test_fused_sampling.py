@@ -201,7 +201,7 @@ def test_falls_back_to_rllibs_loop_visibly(change, reason, caplog):
     """Where the fused loop cannot be exact, RLlib's loop samples: metric 0, one INFO line."""
     config = change(_config("CartPole-v1"))
     runner = config.env_runner_cls(config=config)
-    with caplog.at_level(logging.INFO, logger="rllib_ext.fused_sampling.runner"):
+    with caplog.at_level(logging.INFO, logger="rllib_ext.fused_sampling"):
         episodes = runner.sample(num_timesteps=40)
         runner.sample(num_timesteps=40)
     assert sum(len(e) for e in episodes) >= 40
@@ -236,7 +236,7 @@ def test_non_next_step_autoreset_falls_back(caplog):
     )
     runner = config.env_runner_cls(config=config)
     assert runner.env.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP
-    with caplog.at_level(logging.INFO, logger="rllib_ext.fused_sampling.runner"):
+    with caplog.at_level(logging.INFO, logger="rllib_ext.fused_sampling"):
         runner.sample(num_timesteps=20)
     assert runner.get_metrics()[FUSED_METRIC].peek() == 0.0
     assert any("autoreset mode" in r.getMessage() for r in caplog.records)

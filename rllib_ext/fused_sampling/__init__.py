@@ -5,8 +5,11 @@
 finds no reason against it, else RLlib's own ``SingleAgentEnvRunner._sample``, with one INFO
 line per reason and ``env_runners/fused_sampling`` 0. Layers, as for SMAX
 (:mod:`rllib_ext.envs.smac.sampling`): the rule (``rules.py``), the forward and actions
-(``policy.py``), per-env tracks (``tracks.py``), episode chunks (``chunks.py``, the one place
-that knows RLlib's episode layout), the loop (``sampler.py``) and the runner (``runner.py``).
+(``policy.py``), the step log and per-env tracks (``tracks.py``), episode chunks (``chunks.py``,
+the one place that knows RLlib's single-agent episode layout), the loop (``sampler.py``) and the
+runner (``runner.py``). ``common.py`` holds what every fused loop shares, the SMAX one too: the
+runner's select-and-dispatch (``FusedDispatch``), the rule's common checks and the
+``on_episode_end`` call.
 """
 
 from __future__ import annotations

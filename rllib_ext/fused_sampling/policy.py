@@ -23,15 +23,11 @@ from ray.rllib.utils.spaces.space_utils import clip_action, unsquash_action
 
 from rllib_ext import _rllib_private as private
 from rllib_ext.env_runners import to_float32
+from rllib_ext.fused_sampling.common import UnfusedModuleOutputs
 from rllib_ext.fused_sampling.rules import UNFUSED_OUTPUTS
 from rllib_ext.sampling_protocol import sample_phase
 
-__all__ = ["ActionStep", "UnfusedModuleOutputs", "act"]
-
-
-class UnfusedModuleOutputs(Exception):
-    """The module returned outputs the fused loop leaves to RLlib's loop (actions of its own, a
-    recurrent state); raised by the first forward of a call, before any env step."""
+__all__ = ["ActionStep", "act"]
 
 
 class ActionStep(NamedTuple):

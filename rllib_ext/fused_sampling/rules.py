@@ -15,14 +15,12 @@ from __future__ import annotations
 from typing import Any
 
 import gymnasium as gym
-from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.core.columns import Columns
 
 from rllib_ext import _rllib_private as private
-from rllib_ext.sampling_protocol import fused_equivalent
+from rllib_ext.fused_sampling.common import per_step_callback, pipeline_piece_names
 
-__all__ = ["DEFAULT_ENV_TO_MODULE", "DEFAULT_MODULE_TO_ENV", "per_step_callback"]
-__all__ += ["pipeline_piece_names", "why_not_fused"]
+__all__ = ["DEFAULT_ENV_TO_MODULE", "DEFAULT_MODULE_TO_ENV", "UNFUSED_OUTPUTS", "why_not_fused"]
 
 DEFAULT_ENV_TO_MODULE = (
     "AddObservationsFromEpisodesToBatch",
@@ -41,27 +39,6 @@ DEFAULT_MODULE_TO_ENV = (
     "ListifyDataForVectorEnv",
 )
 """``SingleAgentEnvRunner``'s default module-to-env pieces, in order."""
-PER_STEP_CALLBACKS = ("on_episode_created", "on_episode_start", "on_episode_step")
-
-
-def pipeline_piece_names(pipeline: Any) -> tuple[str, ...]:
-    """The class names of ``pipeline``'s pieces, without those that declared
-    :data:`~rllib_ext.sampling_protocol.FUSED_EQUIVALENT` (a fused loop reproduces them)."""
-    pieces = getattr(pipeline, "connectors", ())
-    return tuple(type(p).__name__ for p in pieces if not fused_equivalent(p))
-
-
-def per_step_callback(runner: Any) -> str | None:
-    """The first per-step episode callback (object method or config function) the runner
-    would call, as ``"callback Class.method"`` / ``"config callbacks_<name>"``; else ``None``."""
-    for callback in private.runner_callbacks(runner):
-        for name in PER_STEP_CALLBACKS:
-            if getattr(type(callback), name) is not getattr(RLlibCallback, name):
-                return f"callback {type(callback).__name__}.{name}"
-    for name in PER_STEP_CALLBACKS:
-        if getattr(runner.config, f"callbacks_{name}", None):
-            return f"config callbacks_{name}"
-    return None
 
 
 def why_not_fused(runner: Any, *, random_actions: bool) -> str | None:

@@ -11,7 +11,6 @@ AMPInference`). Switching between the two loops resets the envs (each keeps its 
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
@@ -21,14 +20,12 @@ from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 from ray.rllib.utils.annotations import override
 
 from rllib_ext.env_runners import AMPInference, replaceable
-from rllib_ext.fused_sampling.policy import UnfusedModuleOutputs
+from rllib_ext.fused_sampling.common import FusedDispatch
 from rllib_ext.fused_sampling.rules import why_not_fused
 from rllib_ext.fused_sampling.sampler import FusedSampler
-from rllib_ext.settings import ExtensionSettings, SamplingSettings
+from rllib_ext.settings import SamplingSettings
 
 __all__ = ["FUSED_METRIC", "FusedSingleAgentEnvRunner", "use_fused_single_agent_runner"]
-
-logger = logging.getLogger(__name__)
 
 FUSED_METRIC = "fused_sampling"
 """``env_runners/<this>``: 1 when the last ``sample()`` ran the fused loop, else 0."""
@@ -55,29 +52,21 @@ def use_fused_single_agent_runner(config: AlgorithmConfig) -> bool:
     return wanted
 
 
-class FusedSingleAgentEnvRunner(AMPInference, SingleAgentEnvRunner):
+class FusedSingleAgentEnvRunner(FusedDispatch, AMPInference, SingleAgentEnvRunner):
     """``SingleAgentEnvRunner`` whose time-step and episode sampling runs as one batched
     forward per step where exact (see the module docstring)."""
 
-    fused_sampling: bool = True
-    """False: always RLlib's loop (class or instance attribute; the config's
-    ``fused_sampling`` setting applies too)."""
+    fused: FusedSampler
 
     @override(SingleAgentEnvRunner)
     def __init__(self, *, config: AlgorithmConfig, **kwargs: Any) -> None:
         super().__init__(config=config, **kwargs)
-        self.fused = FusedSampler(self)
-        """The fused loop and the episodes it carries between calls."""
-        self._fused_last = False
-        self._fallbacks_logged: set[str] = set()
-        self._unfused_outputs: str | None = None
-        settings = ExtensionSettings.from_learner_config_dict(config.learner_config_dict)
-        self._setting_off = not settings.sampling.fused_sampling
+        self.init_fused(FusedSampler(self))
 
     @override(EnvRunner)
     def sample(self, *args: Any, **kwargs: Any) -> Any:
         episodes = super().sample(*args, **kwargs)
-        self.metrics.log_value(FUSED_METRIC, float(self._fused_last), window=1)
+        self.metrics.log_value(FUSED_METRIC, float(self.fused_last), window=1)
         return episodes
 
     @override(SingleAgentEnvRunner)
@@ -87,49 +76,10 @@ class FusedSingleAgentEnvRunner(AMPInference, SingleAgentEnvRunner):
         if fused is not None:
             fused.drop()
 
-    @override(SingleAgentEnvRunner)
-    def _sample(
-        self,
-        *,
-        num_timesteps: int | None = None,
-        num_episodes: int | None = None,
-        explore: bool,
-        random_actions: bool = False,
-        force_reset: bool = False,
-    ) -> list[SingleAgentEpisode]:
-        fused_before = self._fused_last
-        why_not = (
-            "fused_sampling=False"
-            if self._setting_off or not self.fused_sampling
-            else self._unfused_outputs or why_not_fused(self, random_actions=random_actions)
-        )
-        if why_not is None:
-            self._fused_last = True
-            try:
-                return self.fused.sample(
-                    num_timesteps=num_timesteps,
-                    num_episodes=num_episodes,
-                    explore=explore,
-                    force_reset=force_reset,
-                )
-            except UnfusedModuleOutputs as err:  # from the first forward: RLlib's loop instead
-                self._unfused_outputs = why_not = str(err)
-                self.fused.drop()
-                force_reset = True
-            except BaseException:
-                self.fused.drop()  # a step may be half recorded: the next call resets
-                raise
-        if fused_before or self.fused.active:  # leaving the fused loop: RLlib's starts afresh
-            self.fused.drop()
-            force_reset = True
-        self._fused_last = False
-        if why_not not in self._fallbacks_logged:
-            self._fallbacks_logged.add(why_not)
-            logger.info("fused sampling off, RLlib's SingleAgentEnvRunner loop runs: %s", why_not)
-        return super()._sample(
-            num_timesteps=num_timesteps,
-            num_episodes=num_episodes,
-            explore=explore,
-            random_actions=random_actions,
-            force_reset=force_reset,
-        )
+    @override(FusedDispatch)
+    def fused_rule(self, *, num_timesteps: int | None, random_actions: bool) -> str | None:
+        return why_not_fused(self, random_actions=random_actions)
+
+    @override(FusedDispatch)
+    def fused_sample(self, **kwargs: Any) -> list[SingleAgentEpisode]:
+        return self.fused.sample(**kwargs)

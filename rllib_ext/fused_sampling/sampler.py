@@ -18,12 +18,12 @@ from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
-from ray.rllib.callbacks.utils import make_callback
 from ray.rllib.env.env_runner import ENV_STEP_FAILURE
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
 from rllib_ext import _rllib_private as private
 from rllib_ext.fused_sampling.chunks import build_chunk
+from rllib_ext.fused_sampling.common import call_on_episode_end
 from rllib_ext.fused_sampling.policy import act
 from rllib_ext.fused_sampling.tracks import StepLog, Track
 
@@ -139,7 +139,7 @@ class FusedSampler:
                     terminated=bool(terminateds[i]),
                     truncated=bool(truncateds[i]),
                 )
-                self._on_episode_end(episode, env_index=int(i))
+                call_on_episode_end(runner, episode, env_index=int(i), env=runner.env.unwrapped)
                 done.append(episode)
                 tracks[i] = Track()
                 awaiting[i] = True
@@ -193,23 +193,6 @@ class FusedSampler:
             action_space=space.single_action_space,
             start_time=start_time,
             last_step_time=last_step_time,
-        )
-
-    def _on_episode_end(self, episode: SingleAgentEpisode, *, env_index: int) -> None:
-        runner = self.runner
-        make_callback(
-            "on_episode_end",
-            callbacks_objects=private.runner_callbacks(runner),
-            callbacks_functions=runner.config.callbacks_on_episode_end,
-            kwargs=dict(
-                episode=episode,
-                env_runner=runner,
-                metrics_logger=runner.metrics,
-                env=runner.env.unwrapped,
-                rl_module=runner.module,
-                env_index=env_index,
-                prev_episode_chunks=private.ongoing_episodes_for_metrics(runner)[episode.id_],
-            ),
         )
 
 

@@ -31,12 +31,11 @@ from rllib_ext.env_runners import AMPInference, replaceable
 from rllib_ext.envs.smac.factory import smax_env_config
 from rllib_ext.envs.smac.sampling import (
     FusedSampler,
-    UnfusedModuleOutputs,
     gc_paused,
     why_not_fused,
 )
 from rllib_ext.envs.smac.vector import SMAXVectorEnv
-from rllib_ext.settings import ExtensionSettings
+from rllib_ext.fused_sampling.common import FusedDispatch
 
 __all__ = [
     "SMAX_BATCHED_METRIC",
@@ -78,7 +77,7 @@ def use_smax_vector_env_runner(config: AlgorithmConfig) -> bool:
     return wanted
 
 
-class SMAXVectorEnvRunner(AMPInference, MultiAgentEnvRunner):
+class SMAXVectorEnvRunner(FusedDispatch, AMPInference, MultiAgentEnvRunner):
     """``MultiAgentEnvRunner`` whose vector env is one :class:`SMAXVectorEnv` (with
     ``amp_inference`` support: :class:`rllib_ext.env_runners.AMPInference`).
 
@@ -89,7 +88,10 @@ class SMAXVectorEnvRunner(AMPInference, MultiAgentEnvRunner):
     is 1 when the last ``sample()`` took the fused path.
     """
 
-    fused_sampling: bool = True
+    fused_fallback_message = (
+        "SMAX batched stepping: sampling with RLlib's MultiAgentEnvRunner loop "
+        "(array-speed sampling is off: %s)."
+    )
     pause_gc: bool = True
     """The fused loop runs with Python's cyclic garbage collector paused (``gc_paused``): its
     collections would scan the call's live episode tracks. False: the collector runs as
@@ -100,18 +102,12 @@ class SMAXVectorEnvRunner(AMPInference, MultiAgentEnvRunner):
     large batches (:data:`rllib_ext.envs.smac.battles.AUTO_GROUP_ROWS`), else 1. Set before the
     env is built (class or instance attribute; ``make_env()`` rebuilds)."""
     env: SMAXVectorEnv | None
+    fused: FusedSampler
 
     @override(MultiAgentEnvRunner)
     def __init__(self, config: AlgorithmConfig, **kwargs: Any) -> None:
         super().__init__(config=config, **kwargs)
-        self.fused = FusedSampler(self)
-        """The fused loop and the episodes it carries between calls."""
-        self._fused_last = False
-        self._fallbacks_logged: set[str] = set()
-        self._unfused_outputs: str | None = None
-        """Why the module's outputs keep this runner on RLlib's loop (``None``: they do not)."""
-        settings = ExtensionSettings.from_learner_config_dict(config.learner_config_dict)
-        self._setting_off = not settings.sampling.fused_sampling
+        self.init_fused(FusedSampler(self))
 
     @property
     def vector_env(self) -> SMAXVectorEnv:
@@ -163,59 +159,18 @@ class SMAXVectorEnvRunner(AMPInference, MultiAgentEnvRunner):
     def sample(self, *args: Any, **kwargs: Any) -> Any:
         episodes = super().sample(*args, **kwargs)
         self.metrics.log_value(SMAX_BATCHED_METRIC, self.num_envs, window=1)
-        self.metrics.log_value(SMAX_FUSED_METRIC, float(self._fused_last), window=1)
+        self.metrics.log_value(SMAX_FUSED_METRIC, float(self.fused_last), window=1)
         self.metrics.log_value(SMAX_GROUPS_METRIC, self.vector_env.battles.num_groups, window=1)
         return episodes
 
-    @override(MultiAgentEnvRunner)
-    def _sample(
-        self,
-        *,
-        num_timesteps: int | None = None,
-        num_episodes: int | None = None,
-        explore: bool,
-        random_actions: bool = False,
-        force_reset: bool = False,
+    @override(FusedDispatch)
+    def fused_rule(self, *, num_timesteps: int | None, random_actions: bool) -> str | None:
+        return why_not_fused(self, num_timesteps=num_timesteps, random_actions=random_actions)
+
+    @override(FusedDispatch)
+    def fused_sample(
+        self, *, num_timesteps: int | None, explore: bool, force_reset: bool, **kwargs: Any
     ) -> list[MultiAgentEpisode]:
-        why_not = (
-            "fused_sampling=False"
-            if self._setting_off or not self.fused_sampling
-            else self._unfused_outputs
-            or why_not_fused(self, num_timesteps=num_timesteps, random_actions=random_actions)
-        )
-        if why_not is None:
-            self._fused_last = True
-            assert num_timesteps is not None  # why_not_fused: time-step sampling only
-            try:
-                with gc_paused(self.pause_gc):
-                    return self.fused.sample(
-                        num_timesteps, explore=explore, force_reset=force_reset
-                    )
-            except UnfusedModuleOutputs as err:  # from the first forward: RLlib's loop instead
-                self._unfused_outputs = why_not = str(err)
-                self.fused.drop()
-                force_reset = True
-            except BaseException:
-                # Steps may be left in flight and tracks half recorded: the next call resets.
-                self.fused.drop()
-                raise
-        if self.fused.active:  # leaving the fused path: RLlib's loop starts afresh
-            self.fused.drop()
-            force_reset = True
-        self._fused_last = False
-        if why_not in self._fallbacks_logged:
-            logger.debug("SMAX fused sampling off for this call: %s", why_not)
-        else:  # once per reason, e.g. a recurrent module: RLlib's loop carries its state
-            self._fallbacks_logged.add(why_not)
-            logger.info(
-                "SMAX batched stepping: sampling with RLlib's MultiAgentEnvRunner loop "
-                "(array-speed sampling is off: %s).",
-                why_not,
-            )
-        return super()._sample(
-            num_timesteps=num_timesteps,
-            num_episodes=num_episodes,
-            explore=explore,
-            random_actions=random_actions,
-            force_reset=force_reset,
-        )
+        assert num_timesteps is not None  # why_not_fused: time-step sampling only
+        with gc_paused(self.pause_gc):
+            return self.fused.sample(num_timesteps, explore=explore, force_reset=force_reset)

@@ -11,8 +11,7 @@ per chunk. Layers: :mod:`.rules` (when it is exact), :mod:`.policy` (the forward
 
 from __future__ import annotations
 
-from rllib_ext.envs.smac.sampling.policy import UnfusedModuleOutputs
 from rllib_ext.envs.smac.sampling.rules import why_not_fused
 from rllib_ext.envs.smac.sampling.sampler import FusedSampler, gc_paused
 
-__all__ = ["FusedSampler", "UnfusedModuleOutputs", "gc_paused", "why_not_fused"]
+__all__ = ["FusedSampler", "gc_paused", "why_not_fused"]

@@ -24,14 +24,10 @@ from rllib_ext.env_runners import to_float32
 from rllib_ext.envs.smac.battles import SMAXBatch
 from rllib_ext.envs.smac.sampling.rules import FUSED_MODULE_OUTPUTS
 from rllib_ext.envs.smac.sampling.tracks import ActionRecord
+from rllib_ext.fused_sampling.common import UnfusedModuleOutputs
 from rllib_ext.sampling_protocol import sample_phase
 
-__all__ = ["UnfusedModuleOutputs", "initial_state_rows", "policy_step"]
-
-
-class UnfusedModuleOutputs(Exception):
-    """The module returned outputs the fused loop does not record; raised by the first forward
-    of a ``sample()`` call, before that step is handed to JAX."""
+__all__ = ["initial_state_rows", "policy_step"]
 
 
 def policy_step(

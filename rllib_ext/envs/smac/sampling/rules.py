@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.core.columns import Columns
 
 from rllib_ext import _rllib_private as private
-from rllib_ext.sampling_protocol import fused_equivalent
+from rllib_ext.fused_sampling.common import per_step_callback, pipeline_piece_names
 
 __all__ = ["FUSED_MODULE_OUTPUTS", "why_not_fused"]
 
@@ -40,14 +39,6 @@ _DEFAULT_MODULE_TO_ENV = (
     "NormalizeAndClipActions",
     "ListifyDataForVectorEnv",
 )
-_PER_STEP_CALLBACKS = ("on_episode_created", "on_episode_start", "on_episode_step")
-
-
-def _piece_names(pipeline: Any) -> tuple[str, ...]:
-    # Pieces that declared themselves fused-equivalent (profiling's marks, amp_inference's
-    # float32 cast) are what the fused loop reproduces anyway.
-    pieces = getattr(pipeline, "connectors", ())
-    return tuple(type(p).__name__ for p in pieces if not fused_equivalent(p))
 
 
 def why_not_fused(runner: Any, *, num_timesteps: int | None, random_actions: bool) -> str | None:
@@ -59,9 +50,9 @@ def why_not_fused(runner: Any, *, num_timesteps: int | None, random_actions: boo
         return "random actions"
     if config.count_steps_by != "env_steps":
         return "count_steps_by != 'env_steps'"
-    if _piece_names(private.env_to_module(runner)) != _DEFAULT_ENV_TO_MODULE:
+    if pipeline_piece_names(private.env_to_module(runner)) != _DEFAULT_ENV_TO_MODULE:
         return "custom env-to-module connectors"
-    if _piece_names(private.module_to_env(runner)) != _DEFAULT_MODULE_TO_ENV:
+    if pipeline_piece_names(private.module_to_env(runner)) != _DEFAULT_MODULE_TO_ENV:
         return "custom module-to-env connectors"
     if not config.episodes_to_numpy:  # the fused loop builds numpy'd chunks only
         return "episodes_to_numpy=False"
@@ -74,11 +65,4 @@ def why_not_fused(runner: Any, *, num_timesteps: int | None, random_actions: boo
         param = next(rl_module.parameters(), None)
         if param is not None and param.device.type != "cpu":  # fused inputs are CPU tensors
             return f"RLModule on {param.device}"
-    for callback in private.runner_callbacks(runner):
-        for name in _PER_STEP_CALLBACKS:
-            if getattr(type(callback), name) is not getattr(RLlibCallback, name):
-                return f"callback {type(callback).__name__}.{name}"
-    for name in _PER_STEP_CALLBACKS:
-        if getattr(config, f"callbacks_{name}", None):
-            return f"config callbacks_{name}"
-    return None
+    return per_step_callback(runner)

@@ -19,7 +19,6 @@ from typing import Any, cast
 
 import numpy as np
 import tree
-from ray.rllib.callbacks.utils import make_callback
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.utils.metrics import (
     ENV_RESET_TIMER,
@@ -39,6 +38,7 @@ from rllib_ext.envs.smac.battles import SMAXBatch
 from rllib_ext.envs.smac.sampling.chunks import build_chunk
 from rllib_ext.envs.smac.sampling.policy import initial_state_rows, policy_step
 from rllib_ext.envs.smac.sampling.tracks import ActionRecord, EnvTrack, StepRecord
+from rllib_ext.fused_sampling.common import call_on_episode_end
 from rllib_ext.sampling_protocol import sample_phase
 
 __all__ = ["FusedSampler", "gc_paused"]
@@ -225,26 +225,9 @@ class FusedSampler:
             if term or trunc:
                 episode = self._chunk(track, terminated=term, truncated=trunc)
                 done.append(episode)
-                self._on_episode_end(episode, env_index=offset + e)
+                call_on_episode_end(self.runner, episode, env_index=offset + e, env=self.runner.env)
                 tracks[offset + e] = None
         return done
-
-    def _on_episode_end(self, episode: MultiAgentEpisode, *, env_index: int) -> None:
-        runner = self.runner
-        make_callback(
-            "on_episode_end",
-            callbacks_objects=private.runner_callbacks(runner),
-            callbacks_functions=runner.config.callbacks_on_episode_end,
-            kwargs=dict(
-                episode=episode,
-                env_runner=runner,
-                metrics_logger=runner.metrics,
-                env=runner.env,
-                rl_module=runner.module,
-                env_index=env_index,
-                prev_episode_chunks=private.ongoing_episodes_for_metrics(runner)[episode.id_],
-            ),
-        )
 
     def _log_counts(self, env_steps: int, episodes: int) -> None:
         """RLlib's per-step sample counters, logged once with the totals of this call."""

@@ -1,0 +1,176 @@
+"""What every fused loop shares: the runner's select-and-dispatch, the rule's common checks, the
+``on_episode_end`` call.
+
+A fused loop (the single-agent one of this package, the SMAX one of
+:mod:`rllib_ext.envs.smac.sampling`) runs inside an RLlib env runner in place of its ``_sample``.
+:class:`FusedDispatch` is the runner side: per call it either runs the loop or RLlib's own
+``_sample`` over the same env, with the reason logged once per reason, RLlib's loop starting
+afresh after the fused one (each keeps its own episodes in progress), and a module whose outputs
+the loop does not record (:class:`UnfusedModuleOutputs`, raised by the loop's first forward)
+sending this and every later call to RLlib's loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol, cast
+
+from ray.rllib.callbacks.callbacks import RLlibCallback
+from ray.rllib.callbacks.utils import make_callback
+
+from rllib_ext import _rllib_private as private
+from rllib_ext.sampling_protocol import fused_equivalent
+from rllib_ext.settings import ExtensionSettings
+
+__all__ = ["FusedDispatch", "UnfusedModuleOutputs", "call_on_episode_end", "per_step_callback"]
+__all__ += ["pipeline_piece_names"]
+
+logger = logging.getLogger("rllib_ext.fused_sampling")
+
+PER_STEP_CALLBACKS = ("on_episode_created", "on_episode_start", "on_episode_step")
+
+
+class UnfusedModuleOutputs(Exception):
+    """The module returned outputs the fused loop does not record; raised by the first forward
+    of a call, before any env step."""
+
+
+def pipeline_piece_names(pipeline: Any) -> tuple[str, ...]:
+    """The class names of ``pipeline``'s pieces, without those that declared
+    :data:`~rllib_ext.sampling_protocol.FUSED_EQUIVALENT` (a fused loop reproduces them)."""
+    pieces = getattr(pipeline, "connectors", ())
+    return tuple(type(p).__name__ for p in pieces if not fused_equivalent(p))
+
+
+def per_step_callback(runner: Any) -> str | None:
+    """The first per-step episode callback (object method or config function) the runner
+    would call, as ``"callback Class.method"`` / ``"config callbacks_<name>"``; else ``None``."""
+    for callback in private.runner_callbacks(runner):
+        for name in PER_STEP_CALLBACKS:
+            if getattr(type(callback), name) is not getattr(RLlibCallback, name):
+                return f"callback {type(callback).__name__}.{name}"
+    for name in PER_STEP_CALLBACKS:
+        if getattr(runner.config, f"callbacks_{name}", None):
+            return f"config callbacks_{name}"
+    return None
+
+
+def call_on_episode_end(runner: Any, episode: Any, *, env_index: int, env: Any) -> None:
+    """RLlib's ``on_episode_end`` call for a finished ``episode`` of vector-env slot
+    ``env_index`` (``env``: what the runner's loop passes, its env or ``env.unwrapped``)."""
+    make_callback(
+        "on_episode_end",
+        callbacks_objects=private.runner_callbacks(runner),
+        callbacks_functions=runner.config.callbacks_on_episode_end,
+        kwargs=dict(
+            episode=episode,
+            env_runner=runner,
+            metrics_logger=runner.metrics,
+            env=env,
+            rl_module=runner.module,
+            env_index=env_index,
+            prev_episode_chunks=private.ongoing_episodes_for_metrics(runner)[episode.id_],
+        ),
+    )
+
+
+class _Sampler(Protocol):
+    @property
+    def active(self) -> bool: ...
+
+    def drop(self) -> None: ...
+
+
+class FusedDispatch:
+    """Mixin of an env runner with a fused loop, before RLlib's runner in the bases (see the
+    module docstring): its ``_sample`` runs :meth:`fused_sample` where :meth:`fused_rule` finds
+    no reason against it, else RLlib's ``_sample``. The runner calls :meth:`init_fused` at the
+    end of ``__init__``."""
+
+    fused_sampling: bool = True
+    """False: always RLlib's loop (class or instance attribute; the ``fused_sampling`` setting
+    applies too)."""
+    fused_fallback_message = "fused sampling off, RLlib's loop runs: %s"
+    """The INFO line logged once per reason (``%s``: the reason)."""
+
+    fused: _Sampler
+    config: Any
+
+    def init_fused(self, sampler: _Sampler) -> None:
+        self.fused = sampler
+        """The fused loop and the episodes it carries between calls."""
+        self._fused_last = False
+        self._fallbacks_logged: set[str] = set()
+        self._unfused_outputs: str | None = None
+        settings = ExtensionSettings.from_learner_config_dict(self.config.learner_config_dict)
+        self._fused_setting_off = not settings.sampling.fused_sampling
+
+    @property
+    def fused_last(self) -> bool:
+        """Whether the last ``sample()`` ran the fused loop."""
+        return self._fused_last
+
+    def fused_rule(self, *, num_timesteps: int | None, random_actions: bool) -> str | None:
+        """Why the fused loop cannot reproduce RLlib's for this call (``None``: it can)."""
+        raise NotImplementedError
+
+    def fused_sample(
+        self,
+        *,
+        num_timesteps: int | None,
+        num_episodes: int | None,
+        explore: bool,
+        force_reset: bool,
+    ) -> list[Any]:
+        """The call, sampled by the fused loop."""
+        raise NotImplementedError
+
+    def _sample(
+        self,
+        *,
+        num_timesteps: int | None = None,
+        num_episodes: int | None = None,
+        explore: bool,
+        random_actions: bool = False,
+        force_reset: bool = False,
+    ) -> list[Any]:
+        why_not = (
+            "fused_sampling=False"
+            if self._fused_setting_off or not self.fused_sampling
+            else self._unfused_outputs
+            or self.fused_rule(num_timesteps=num_timesteps, random_actions=random_actions)
+        )
+        if why_not is None:
+            self._fused_last = True
+            try:
+                return self.fused_sample(
+                    num_timesteps=num_timesteps,
+                    num_episodes=num_episodes,
+                    explore=explore,
+                    force_reset=force_reset,
+                )
+            except UnfusedModuleOutputs as err:  # the first forward: RLlib's loop instead
+                self._unfused_outputs = why_not = str(err)
+                self.fused.drop()
+                force_reset = True
+            except BaseException:
+                self.fused.drop()  # a step may be half recorded: the next call resets
+                raise
+        if self.fused.active:  # leaving the fused loop: RLlib's starts afresh
+            self.fused.drop()
+            force_reset = True
+        self._fused_last = False
+        if why_not in self._fallbacks_logged:
+            logger.debug(self.fused_fallback_message, why_not)
+        else:  # once per reason, e.g. a recurrent module
+            self._fallbacks_logged.add(why_not)
+            logger.info(self.fused_fallback_message, why_not)
+        rllib_sample = cast(Any, super())._sample  # RLlib's runner, after this mixin
+        result: list[Any] = rllib_sample(
+            num_timesteps=num_timesteps,
+            num_episodes=num_episodes,
+            explore=explore,
+            random_actions=random_actions,
+            force_reset=force_reset,
+        )
+        return result
