@@ -10,7 +10,6 @@ action for ``explore=False``, and its log-probability), ``TensorToNumpy`` (RLlib
 
 from __future__ import annotations
 
-import copy
 from typing import Any, NamedTuple
 
 import gymnasium as gym
@@ -106,13 +105,14 @@ def _to_numpy(out: dict[str, Any]) -> dict[str, Any]:
 
 def _for_env(runner: Any, actions: np.ndarray) -> np.ndarray:
     """``NormalizeAndClipActions`` over the batch (elementwise, so equal to RLlib's per-env
-    calls): unsquash with ``normalize_actions``, else clip with ``clip_actions``. Both leave
-    a non-``Box`` space's actions as they are."""
+    calls): unsquash with ``normalize_actions``, else clip with ``clip_actions``; RLlib's two
+    functions return new arrays. Both leave a non-``Box`` space's actions as they are. The env
+    never gets the array the episodes keep (RLlib hands it a deep copy)."""
     config, space = runner.config, runner.env.single_action_space
-    if not isinstance(space, gym.spaces.Box):
-        return actions
-    if config.normalize_actions:
-        return np.asarray(unsquash_action(copy.deepcopy(actions), space))
-    if config.clip_actions:
-        return np.asarray(clip_action(copy.deepcopy(actions), space))
-    return actions
+    for_env = actions
+    if isinstance(space, gym.spaces.Box):
+        if config.normalize_actions:
+            for_env = np.asarray(unsquash_action(actions, space))
+        elif config.clip_actions:
+            for_env = np.asarray(clip_action(actions, space))
+    return actions.copy() if for_env is actions else for_env
