@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from run_header import run_header
+
 WORKLOADS = {
     "cartpole": ["--stop-reward", "none", "--stop-timesteps", "24000"],
     "smax-3s5z_vs_3s6z": ["--preset", "smax-3s5z_vs_3s6z", "--stop-timesteps", "49152"],
@@ -83,25 +85,8 @@ def run(workload: str, policy: str, competitor_nice: int | None) -> dict[str, An
 
 
 def _header(args: argparse.Namespace) -> dict[str, Any]:
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-    model = next(
-        (ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if "Model name" in ln), ""
-    )
-    flags = next((ln for ln in lscpu.splitlines() if ln.startswith("Flags")), "")
-    return {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "commit": commit,
-        "machine": f"{model}, {os.cpu_count()} CPUs, avx512_bf16={'avx512_bf16' in flags}",
-        "load_average": os.getloadavg(),
-        "settings": {
-            "workloads": WORKLOADS,
-            "competitor": BUSY_LOOP,
-            "competitor_nice": args.competitor_nice,
-        },
-    }
+    settings = {"workloads": WORKLOADS, "competitor": BUSY_LOOP}
+    return run_header(settings={**settings, "competitor_nice": args.competitor_nice})
 
 
 def main() -> None:

@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from run_header import run_header
+
 FRAMEWORKS = ("stock", "rllib-ext", "sb3")
 ENVS = ("CartPole-v1", "Acrobot-v1", "HalfCheetah-v5")
 NUM_ENVS, STEPS_PER_ENV = 8, 250
@@ -179,28 +181,15 @@ def _header(args: argparse.Namespace) -> dict[str, Any]:
     import stable_baselines3
     import torch
 
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-    model = next(
-        (ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if "Model name" in ln), ""
-    )
-    flags = next((ln for ln in lscpu.splitlines() if ln.startswith("Flags")), "")
-    return {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "commit": commit,
-        "machine": f"{model}, {os.cpu_count()} CPUs, avx512_bf16={'avx512_bf16' in flags}",
-        "load_average": os.getloadavg(),
-        "versions": {
-            "python": platform.python_version(),
-            "ray": ray.__version__,
-            "torch": torch.__version__,
-            "gymnasium": gymnasium.__version__,
-            "stable_baselines3": stable_baselines3.__version__,
-        },
-        "settings": {"batch": BATCH, "epochs": EPOCHS, "minibatch": MINIBATCH, **PPO},
+    versions = {
+        "python": platform.python_version(),
+        "ray": ray.__version__,
+        "torch": torch.__version__,
+        "gymnasium": gymnasium.__version__,
+        "stable_baselines3": stable_baselines3.__version__,
     }
+    settings = {"batch": BATCH, "epochs": EPOCHS, "minibatch": MINIBATCH, **PPO}
+    return run_header(versions=versions, settings=settings)
 
 
 def _worker(task: dict[str, Any]) -> dict[str, Any]:
