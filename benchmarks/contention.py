@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from run_header import run_header
+from run_header import append_rows, run_header
 
 WORKLOADS = {
     "cartpole": ["--stop-reward", "none", "--stop-timesteps", "24000"],
@@ -117,10 +117,7 @@ def main() -> None:
                 flush=True,
             )
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        with args.json.open("a") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
+        append_rows(args.json, rows)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from run_header import run_header
+from run_header import append_rows, run_header
 
 FRAMEWORKS = ("stock", "rllib-ext", "sb3")
 ENVS = ("CartPole-v1", "Acrobot-v1", "HalfCheetah-v5")
@@ -262,10 +262,7 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        with args.json.open("a") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
+        append_rows(args.json, rows)
 
 
 if __name__ == "__main__":

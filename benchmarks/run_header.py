@@ -1,7 +1,9 @@
-"""The ``{"header": ...}`` row of a benchmark's JSON-lines results: command, commit, machine, load."""
+"""The ``{"header": ...}`` row of a benchmark's JSON-lines results (command, commit, machine, load),
+and appending rows to such a file."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -31,3 +33,11 @@ def run_header(**extra: Any) -> dict[str, Any]:
         "load_average": os.getloadavg(),
         **extra,
     }
+
+
+def append_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Appends ``rows`` (the header first) to the JSON-lines file ``path``, one per line."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
