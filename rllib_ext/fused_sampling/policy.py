@@ -60,6 +60,15 @@ def act(runner: Any, observations: np.ndarray, *, explore: bool, env_ts: int) ->
     t = (runner.num_env_steps_sampled_lifetime // runners + env_ts) * runners
     with runner.metrics.log_time(RLMODULE_INFERENCE_TIMER), sample_phase(runner, "inference"):
         out = private.module_forward_in_eval_mode(module, batch, explore=explore, t=t)
+    # What RLlib's module-to-env pieces do (GetActions, TensorToNumpy, NormalizeAndClipActions):
+    # a profiler counts it as "connectors".
+    with sample_phase(runner, "connectors"):
+        return _actions(runner, module, out, explore=explore)
+
+
+def _actions(runner: Any, module: Any, out: Any, *, explore: bool) -> ActionStep:
+    """The step's actions from the module's outputs ``out``: ``GetActions``, ``TensorToNumpy``
+    and ``NormalizeAndClipActions`` over the batch, outputs cast to float32 first."""
     out = dict(to_float32(out))
     unfused = sorted(UNFUSED_OUTPUTS & out.keys())
     if unfused:

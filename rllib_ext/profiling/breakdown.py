@@ -19,7 +19,8 @@ __all__ = ["PHASES", "SOURCES", "Breakdown", "breakdown_of_result", "merge_break
 
 SOURCES: dict[str, str] = {
     "sampling/env_step": "EnvRunner._try_env_step: the vector env's step",
-    "sampling/connectors": "env-to-module + module-to-env pipelines, first to last piece",
+    "sampling/connectors": "env-to-module + module-to-env pipelines, first to last piece (the "
+    "single-agent fused loop: actions from the module's outputs, what those pieces do)",
     "sampling/inference": "end of env-to-module to start of module-to-env: the RLModule forward",
     "sampling/episodes": "EnvRunner.sample() minus the above: per-agent episode bookkeeping, "
     "callbacks, episode numpy conversion",

@@ -49,7 +49,9 @@ def test_profile_cartpole_writes_breakdown_trace_and_top_ops(
     assert data["phases"]["learner/gae"]["seconds"] > 0  # CompiledGAE's own timer
     config = data["details"]["config"]
     assert config["learner_class"] == "PPOExtTorchLearner"
-    assert config["env_runner_class"] == "SingleAgentEnvRunner"
+    assert (
+        config["env_runner_class"] == "FusedSingleAgentEnvRunner"
+    )  # rllib_ext.PPOConfig's default
     assert len(data["details"]["per_iteration"]) == 2
     assert (out / "breakdown.txt").read_text().startswith("phase")
 
