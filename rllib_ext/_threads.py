@@ -1,16 +1,11 @@
 """OpenMP's wait policy: torch's CPU thread pool yields instead of spinning (no Ray or torch import).
 
-torch runs its CPU ops on an OpenMP thread pool whose threads, by default, spin after each
-parallel region waiting for the next. Alone on the cores that is the fastest setting; beside
-another CPU-bound process it is the slowest: every parallel region waits for a thread the OS
-descheduled, and the spinning thread takes the cores from the other process (on 2 cores, one
-competing process cut the CartPole defaults to 0.24x and the SMAX 3s5z_vs_3s6z preset to 0.35x of
-their quiet rates). With ``OMP_WAIT_POLICY=PASSIVE`` they fall to 0.93x and 0.73x, at 0.85-0.89x
-of the spinning rate when alone (``benchmarks/contention.py``, benchmarks/README.md).
-
-``import rllib_ext`` sets ``OMP_WAIT_POLICY=PASSIVE`` where the user set no policy and torch is not
-loaded yet (OpenMP reads it once, when torch loads it); Ray's worker processes started afterwards
-inherit it. ``OMP_WAIT_POLICY=ACTIVE`` in the environment keeps the spinning pool.
+By default torch's OpenMP threads spin between parallel regions: fastest alone on the cores, and
+slowest beside another CPU-bound process (each region waits for a descheduled thread while the
+spinning one takes the cores). ``import rllib_ext`` sets ``OMP_WAIT_POLICY=PASSIVE`` where the user
+set no policy and torch is not loaded yet (OpenMP reads it once, when torch loads it); Ray's worker
+processes started afterwards inherit it. ``OMP_WAIT_POLICY=ACTIVE`` keeps the spinning pool. The
+trade-off, measured: benchmarks/README.md, "Contention".
 """
 
 from __future__ import annotations
