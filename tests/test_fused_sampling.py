@@ -21,6 +21,7 @@ from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
 from rllib_ext import PPOConfig
 from rllib_ext.env_runners import AMPSingleAgentEnvRunner
+from rllib_ext.envs.smac.env_runner import SMAXVectorEnvRunner
 from rllib_ext.fused_sampling import FUSED_METRIC, FusedSingleAgentEnvRunner
 
 _ENDED_AT: dict[int, list[int]] = defaultdict(list)
@@ -255,6 +256,9 @@ def test_multi_agent_and_user_runner_classes_are_left_alone():
         policies={"a", "b"}, policy_mapping_fn=lambda agent_id, *args, **kwargs: "a"
     )
     assert multi.env_runner_cls is None  # the earlier automatic choice is undone
+    # A config that was single-agent until its env became SMAX gets the batched SMAX runner.
+    smax = _config("CartPole-v1").environment("smax", env_config={"map_name": "3m"})
+    assert smax.env_runner_cls is SMAXVectorEnvRunner
 
 
 def test_build_algo_train_reports_fused_sampling_on_a_remote_runner(ray_session):

@@ -56,6 +56,9 @@ class FusedSingleAgentEnvRunner(FusedDispatch, AMPInference, SingleAgentEnvRunne
     """``SingleAgentEnvRunner`` whose time-step and episode sampling runs as one batched
     forward per step where exact (see the module docstring)."""
 
+    # REPLACEABLE: RLlib's default runner plus protocols (the same episodes), so a config that
+    # turns multi-agent on SMAX gets the batched SMAX runner instead.
+    rllib_ext_replaceable_runner = True
     fused: FusedSampler
 
     @override(SingleAgentEnvRunner)
