@@ -2,12 +2,11 @@
 
 The loop does what RLlib's default connector pipelines do, directly, which is exact for: the
 default env-to-module / module-to-env pipelines (plus pieces that declared themselves
-fused-equivalent, :mod:`rllib_ext.sampling_protocol`), a vector env with gymnasium's
-next-step autoreset, a stateless RLModule on the CPU that
-returns no actions of its own, a ``Box`` observation space, a ``Box`` or ``Discrete`` action
-space, no per-step episode callbacks, policy (not random) actions and numpy'd episodes. Both
-sampling modes (time steps, episodes) are covered. :func:`pipeline_piece_names` and
-:func:`per_step_callback` are shared with the SMAX rule.
+fused-equivalent, :mod:`rllib_ext.sampling_protocol`), a vector env with gymnasium's next-step
+autoreset, a stateless RLModule on the CPU that returns no actions of its own, a ``Box``
+observation space, a ``Box`` or ``Discrete`` action space, no per-step episode callbacks, policy
+(not random) actions and numpy'd episodes. Both sampling modes (time steps, episodes) are
+covered. The checks every fused loop makes are in :mod:`.common`.
 """
 
 from __future__ import annotations
@@ -39,6 +38,8 @@ DEFAULT_MODULE_TO_ENV = (
     "ListifyDataForVectorEnv",
 )
 """``SingleAgentEnvRunner``'s default module-to-env pieces, in order."""
+UNFUSED_OUTPUTS = frozenset({Columns.ACTIONS, Columns.ACTIONS_FOR_ENV, Columns.STATE_OUT})
+"""Module outputs the fused loop leaves to RLlib's loop (found by the first forward of a call)."""
 
 
 def why_not_fused(runner: Any, *, random_actions: bool) -> str | None:
@@ -69,7 +70,3 @@ def why_not_fused(runner: Any, *, random_actions: bool) -> str | None:
     if not isinstance(env.single_action_space, (gym.spaces.Box, gym.spaces.Discrete)):
         return f"action space {type(env.single_action_space).__name__} (fused: Box, Discrete)"
     return per_step_callback(runner)
-
-
-UNFUSED_OUTPUTS = frozenset({Columns.ACTIONS, Columns.ACTIONS_FOR_ENV, Columns.STATE_OUT})
-"""Module outputs the fused loop leaves to RLlib's loop (found by the first forward of a call)."""

@@ -135,7 +135,7 @@ class FusedSampler:
                 episode = self._chunk(
                     track,
                     log,
-                    int(i),
+                    track.items(log, int(i)),
                     terminated=bool(terminateds[i]),
                     truncated=bool(truncateds[i]),
                 )
@@ -172,25 +172,32 @@ class FusedSampler:
         for i, track in enumerate(tracks):
             if not track.is_reset:
                 continue  # RLlib cuts it into another empty episode: the same Track
-            if track.t_started + track.steps(log) > 0:
-                chunk = self._chunk(track, log, i, terminated=False, truncated=False)
+            items, steps = track.items(log, i), track.steps(log)
+            if track.t_started + steps > 0:
+                chunk = self._chunk(track, log, items, terminated=False, truncated=False)
                 private.ongoing_episodes_for_metrics(runner)[chunk.id_].append(chunk)
                 ongoing.append(chunk)
-            tracks[i] = track.continuation(log, i, lookback)
+            tracks[i] = track.continuation(items, steps, lookback)
         return ongoing
 
     def _chunk(
-        self, track: Track, log: StepLog, env: int, *, terminated: bool, truncated: bool
+        self,
+        track: Track,
+        log: StepLog,
+        items: dict[str, Any],
+        *,
+        terminated: bool,
+        truncated: bool,
     ) -> SingleAgentEpisode:
-        space = self.runner.env
+        env = self.runner.env
         start_time, last_step_time = track.clock(log)
         return build_chunk(
             track,
-            track.items(log, env),
+            items,
             terminated=terminated,
             truncated=truncated,
-            observation_space=space.single_observation_space,
-            action_space=space.single_action_space,
+            observation_space=env.single_observation_space,
+            action_space=env.single_action_space,
             start_time=start_time,
             last_step_time=last_step_time,
         )

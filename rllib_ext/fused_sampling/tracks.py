@@ -100,20 +100,21 @@ class Track:
     def clock(self, log: StepLog) -> tuple[float | None, float | None]:
         """``(start_time, last_step_time)`` of the chunk (``None`` where it has no step)."""
         steps = self.steps(log)
-        last = log.times[self.first + steps - 1] if steps else None
-        start = self.start_time if self.start_time is not None else last and log.times[self.first]
-        return start, last
+        if not steps:
+            return self.start_time, None
+        start = self.start_time if self.start_time is not None else log.times[self.first]
+        return start, log.times[self.first + steps - 1]
 
-    def continuation(self, log: StepLog, env: int, lookback: int) -> Track:
+    def continuation(self, items: dict[str, Any], steps: int, lookback: int) -> Track:
         """The next chunk of this running episode, like ``cut(len_lookback_buffer=lookback)``:
         it starts at this chunk's last observation, with up to ``lookback`` of this chunk's
-        steps (never its own lookback) before it; its own steps start at the next log."""
-        items = self.items(log, env)
-        keep = min(lookback, self.steps(log))
+        ``steps`` (never its own lookback) before it; its own steps start at the next log.
+        ``items``: this chunk's :meth:`items`."""
+        keep = min(lookback, steps)
         rest = slice(len(items["actions"]) - keep, None)
         return Track(
             episode_id=self.episode_id,
-            t_started=self.t_started + self.steps(log),
+            t_started=self.t_started + steps,
             lookback=keep,
             head_obs=items["observations"][-keep - 1 :],
             head_infos=items["infos"][-keep - 1 :],

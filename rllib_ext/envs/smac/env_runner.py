@@ -15,7 +15,6 @@ actions and ``action_logp`` are computed).
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Literal
 
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
@@ -43,8 +42,6 @@ __all__ = [
     "smax_env_config",
     "use_smax_vector_env_runner",
 ]
-
-logger = logging.getLogger(__name__)
 
 SMAX_BATCHED_METRIC = "smax_batched_envs"
 """``env_runners/<this>``: battles stepped per compiled call (0: not the batched path)."""
@@ -82,10 +79,11 @@ class SMAXVectorEnvRunner(FusedDispatch, AMPInference, MultiAgentEnvRunner):
     ``amp_inference`` support: :class:`rllib_ext.env_runners.AMPInference`).
 
     With ``fused_sampling`` (default on; the setting, or a runner attribute) time-step
-    sampling runs as arrays (:class:`~rllib_ext.envs.smac.sampling.FusedSampler`) wherever :func:`~rllib_ext.envs.smac.sampling.why_not_fused` finds no reason
-    against it; otherwise, and for episode-count sampling (evaluation), RLlib's own loop runs
-    over the same vector env, with one INFO line per reason. ``env_runners/smax_fused_sampling``
-    is 1 when the last ``sample()`` took the fused path.
+    sampling runs as arrays (:class:`~rllib_ext.envs.smac.sampling.FusedSampler`) wherever
+    :func:`~rllib_ext.envs.smac.sampling.why_not_fused` finds no reason against it; otherwise,
+    and for episode-count sampling (evaluation), RLlib's own loop runs over the same vector env,
+    with one INFO line per reason. ``env_runners/smax_fused_sampling`` is 1 when the last
+    ``sample()`` took the fused path.
     """
 
     fused_fallback_message = (
