@@ -18,8 +18,10 @@ install six`` into a separate ``--target`` folder and pass it with ``--extra-pat
 Rows (JSON lines, readable by ``benchmarks/plot_curves.py``): per update ``env_steps``,
 ``wall_s`` (compile time included), ``train_win_rate`` (the sampling policy's battles that ended
 in this update: JaxMARL's ``returned_won_episode``), ``episode_return_mean``; then a final row
-with ``greedy_eval_win_rate`` over ``--eval-episodes`` fresh battles (argmax of the final actor,
-one battle per env, every chosen action checked against the mask: ``illegal_greedy_actions``).
+with ``sampled_eval_win_rate`` and ``greedy_eval_win_rate`` over ``--eval-episodes`` fresh battles
+each (actions sampled from / argmax of the final actor, one battle per env, every chosen action
+checked against the mask: ``illegal_sampled_actions``, ``illegal_greedy_actions``). The first row
+is a ``{"header": ...}`` (command, commit, machine, jaxmarl version, map, env options, seed).
 
 Command (2026-12-04, machine B: 2-core AMD EPYC with AVX512-BF16, no GPU)::
 
@@ -33,6 +35,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import pickle
 import sys
 import time
 import types
@@ -105,11 +108,12 @@ def _upstream(repo: Path) -> Any:
     return module
 
 
-def _greedy_win_rate(
-    m: Any, params: Any, config: dict[str, Any], *, episodes: int, seed: int
+def _eval_win_rate(
+    m: Any, params: Any, config: dict[str, Any], *, episodes: int, seed: int, greedy: bool
 ) -> dict[str, Any]:
-    """Argmax actions of the final actor over ``episodes`` fresh battles (the first battle of
-    each of ``episodes`` envs, stepped together for up to 400 steps), masks checked."""
+    """Win rate of the final actor over ``episodes`` fresh battles (the first battle of each of
+    ``episodes`` envs, stepped together for up to 400 steps), every chosen action checked against
+    the mask. ``greedy``: argmax actions; else sampled from the masked policy, as in training."""
     import jax
     import jax.numpy as jnp
 
@@ -135,7 +139,10 @@ def _greedy_win_rate(
             hidden, pi = actor.apply(
                 params, hidden, (m.batchify(obs, env.agents, rows)[None], dones[None], avail)
             )
-            action = jnp.argmax(pi.logits, -1).reshape(rows)
+            key, act_key = jax.random.split(key)
+            action = (
+                jnp.argmax(pi.logits, -1) if greedy else jax.random.categorical(act_key, pi.logits)
+            ).reshape(rows)
             illegal = (jnp.take_along_axis(avail, action[:, None], -1) == 0).sum()
             per_agent = m.unbatchify(action, env.agents, n_envs, env.num_agents)
             key, step_key = jax.random.split(key)
@@ -164,10 +171,11 @@ def _greedy_win_rate(
         return carry[4].sum(), carry[5].sum(), illegal.sum()
 
     finished, won, illegal = jax.jit(evaluate)(jax.random.PRNGKey(seed + 10_000))
+    mode = "greedy" if greedy else "sampled"
     return {
         "eval_episodes": int(finished),
-        "greedy_eval_win_rate": round(float(won) / max(int(finished), 1), 4),
-        "illegal_greedy_actions": int(illegal),
+        f"{mode}_eval_win_rate": round(float(won) / max(int(finished), 1), 4),
+        f"illegal_{mode}_actions": int(illegal),
     }
 
 
@@ -197,8 +205,21 @@ def main(argv: list[str] | None = None) -> None:
     config.update(MAP_NAME=args.map, TOTAL_TIMESTEPS=args.total_timesteps, SEED=args.seed)
     if args.num_envs:
         config["NUM_ENVS"] = args.num_envs
+    from importlib.metadata import version
+
+    from run_header import run_header
+
+    header = run_header(
+        jaxmarl=version("jaxmarl"),
+        jaxmarl_baseline=f"{UPSTREAM} (checkout {args.jaxmarl_repo})",
+        map=args.map,
+        env_options=config["ENV_KWARGS"],
+        seed=args.seed,
+        settings={k: v for k, v in config.items() if k.isupper() and "WANDB" not in k},
+    )
     start = time.time()
     with args.out.open("w") as rows:
+        rows.write(json.dumps({"header": header}) + "\n")
         batch = config["NUM_ENVS"] * config["NUM_STEPS"]
         tags = {"run": f"jaxmarl-mappo-{config['NUM_ENVS']}envs", "seed": args.seed}
         _stand_ins(rows, start, batch=batch, tags=tags)
@@ -206,14 +227,21 @@ def main(argv: list[str] | None = None) -> None:
         out = jax.jit(m.make_train(dict(config)))(jax.random.PRNGKey(args.seed))
         train_s = time.time() - start
         params = out["runner_state"][0][0][0].params  # the actor's TrainState
+        # The final actor, kept so that the evaluation can be repeated without retraining.
+        with args.out.with_suffix(".actor.pkl").open("wb") as f:
+            pickle.dump(jax.device_get(params), f)
         final = {
             **tags,
             "map": args.map,
             "num_envs": config["NUM_ENVS"],
             "final_env_steps": int(args.total_timesteps) // batch * batch,
             "final_wall_s": round(train_s, 1),
-            **_greedy_win_rate(m, params, config, episodes=args.eval_episodes, seed=args.seed),
         }
+        for greedy in (False, True):
+            evaluated = _eval_win_rate(
+                m, params, config, episodes=args.eval_episodes, seed=args.seed, greedy=greedy
+            )
+            final.update(evaluated)
         rows.write(json.dumps(final) + "\n")
     print(json.dumps(final))
 
