@@ -18,6 +18,13 @@ for Gaussian ones) in RLlib's ``GetActions`` connector; ``explore=True`` (``--ex
 samples from the action distribution instead (``forward_exploration``), as the training runs
 did.
 
+SMAC checkpoints on the SMAX backend play their battles batched instead
+(:func:`rllib_ext.envs.smac.evaluation.play_battles`): ``num_envs`` battles (default
+``min(episodes, 256)``) stepped by one compiled call per step on the checkpoint's
+``SMAXVectorEnvRunner``, battle ``i`` the one a ``SMACEnv`` plays after ``reset(seed=seed + i)``,
+every action mask-checked. ``num_envs=1``, or a config the fused SMAX loop cannot reproduce
+(custom connectors, ...: the reason is logged), plays one battle at a time on RLlib's runner.
+
 ``video_dir`` (``--video DIR``) wraps a gymnasium env in gymnasium's ``RecordVideo``
 (``render_mode="rgb_array"``, one MP4 per episode; needs ``moviepy``, the ``video`` extra).
 """
@@ -27,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.util
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +46,9 @@ from rllib_ext.cli.errors import CLIError
 from rllib_ext.cli.ppo_config import build_algo_config
 from rllib_ext.cli.runconfig import resolve_checkpoint, saved_settings
 
-__all__ = ["EvaluationResult", "evaluate", "load_checkpoint_config"]
+__all__ = ["BATCHED_BATTLES", "EvaluationResult", "evaluate", "load_checkpoint_config"]
+
+logger = logging.getLogger("rllib_ext.cli.evaluate")
 
 
 @dataclass(frozen=True)
@@ -50,6 +60,10 @@ class EvaluationResult:
     """SMAC envs: ``battle_won`` of each episode (empty for envs without battles)."""
     explore: bool = False
     video_dir: Path | None = None
+    battles_at_once: int = 1
+    """Episodes stepped together (SMAX's batched evaluation; 1: RLlib's env runner)."""
+    checked_actions: int | None = None
+    """Batched SMAX evaluation: agent actions checked against the legal-action mask."""
 
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` output."""
@@ -64,6 +78,8 @@ class EvaluationResult:
             "win_rate": self.win_rate,
             "wins": list(self.wins) if self.wins else None,
             "video_dir": str(self.video_dir) if self.video_dir else None,
+            "battles_at_once": self.battles_at_once,
+            "checked_actions": self.checked_actions,
         }
 
     @property
@@ -114,12 +130,8 @@ def load_checkpoint_config(checkpoint: Path) -> Any:
         runner.stop()
 
 
-def _play(config: Any, checkpoint: Path, episodes: int, explore: bool) -> list[Any]:
-    """Episodes of a local env runner with ``checkpoint``'s connectors and trained weights.
-
-    Multi-agent checkpoints (SMAC, PettingZoo) play on RLlib's ``MultiAgentEnvRunner``; their
-    episode returns are summed over agents.
-    """
+def _restored_runner(config: Any, checkpoint: Path, runner_cls: Any) -> Any:
+    """A local ``runner_cls`` with ``checkpoint``'s connector states and trained weights."""
     # lazy: keeps Ray out of the input checks (a bad path fails at once)
     from ray.rllib.core import (
         COMPONENT_ENV_RUNNER,
@@ -128,21 +140,78 @@ def _play(config: Any, checkpoint: Path, episodes: int, explore: bool) -> list[A
         COMPONENT_RL_MODULE,
     )
     from ray.rllib.core.rl_module import RLModule
-    from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
-    from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
     # The learner's copy of the policy is the trained one (the env runner's is the last sync).
     trained = RLModule.from_checkpoint(
         checkpoint / COMPONENT_LEARNER_GROUP / COMPONENT_LEARNER / COMPONENT_RL_MODULE
     )
-    runner_cls = MultiAgentEnvRunner if config.is_multi_agent else SingleAgentEnvRunner
     runner = runner_cls(config=config)
     try:
         runner.restore_from_path(checkpoint / COMPONENT_ENV_RUNNER)
         runner.set_state({COMPONENT_RL_MODULE: trained.get_state(inference_only=True)})
+    except BaseException:
+        runner.stop()
+        raise
+    return runner
+
+
+def _play(config: Any, checkpoint: Path, episodes: int, explore: bool) -> list[Any]:
+    """Episodes of a local env runner with ``checkpoint``'s connectors and trained weights.
+
+    Multi-agent checkpoints (SMAC, PettingZoo) play on RLlib's ``MultiAgentEnvRunner``; their
+    episode returns are summed over agents.
+    """
+    # lazy: keeps Ray out of the input checks (a bad path fails at once)
+    from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
+    from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
+
+    # One env copy: exactly `episodes` episodes, and the same env seed sequence every call.
+    config.env_runners(num_env_runners=0, num_envs_per_env_runner=1, explore=explore)
+    runner_cls = MultiAgentEnvRunner if config.is_multi_agent else SingleAgentEnvRunner
+    runner = _restored_runner(config, checkpoint, runner_cls)
+    try:
         return runner.sample(num_episodes=episodes, explore=explore)[:episodes]
     finally:
         runner.stop()
+
+
+BATCHED_BATTLES = 256
+"""Default cap on the SMAX battles one batched evaluation step plays together."""
+
+
+def _smax_battles(
+    config: Any, checkpoint: Path, episodes: int, explore: bool, num_envs: int | None, seed: int
+) -> EvaluationResult | str:
+    """The batched SMAX evaluation's result, or why it does not apply (then RLlib's runner
+    plays the episodes)."""
+    from rllib_ext.envs.smac.env_runner import use_smax_vector_env_runner  # lazy: Ray, torch
+    from rllib_ext.envs.smac.evaluation import play_battles  # lazy: torch
+    from rllib_ext.fused_sampling.common import UnfusedModuleOutputs  # lazy: Ray
+
+    battles_at_once = min(episodes, num_envs or BATCHED_BATTLES)
+    config.env_runners(num_env_runners=0, num_envs_per_env_runner=battles_at_once, explore=explore)
+    if battles_at_once < 2 or not use_smax_vector_env_runner(config):
+        return "not a multi-agent SMAX env with num_envs > 1"
+    runner = _restored_runner(config, checkpoint, config.env_runner_cls)
+    try:
+        reason = runner.fused_rule(num_timesteps=1, random_actions=False)
+        if reason is not None:
+            return reason
+        try:
+            outcomes = play_battles(runner, episodes, explore=explore, seed=seed)
+        except UnfusedModuleOutputs as exc:
+            return str(exc)
+    finally:
+        runner.stop()
+    return EvaluationResult(
+        checkpoint=checkpoint,
+        env=str(config.env),
+        returns=tuple(outcomes.returns.tolist()),
+        wins=tuple(outcomes.won.tolist()),
+        explore=explore,
+        battles_at_once=battles_at_once,
+        checked_actions=outcomes.checked_actions,
+    )
 
 
 def _recording_env(
@@ -194,6 +263,7 @@ def evaluate(
     seed: int | None = None,
     explore: bool = False,
     video_dir: str | Path | None = None,
+    num_envs: int | None = None,
 ) -> EvaluationResult:
     """Plays ``episodes`` episodes with the policy in ``checkpoint`` (greedy by default).
 
@@ -203,6 +273,8 @@ def evaluate(
         seed: env seed (default: the checkpoint's).
         explore: sample actions from the policy's distribution instead of the greedy action.
         video_dir: record one video per episode there (gymnasium envs, needs ``moviepy``).
+        num_envs: SMAX checkpoints: battles played at once (default ``min(episodes, 256)``;
+            1: one at a time on RLlib's env runner). Other envs play one episode at a time.
 
     Raises:
         CLIError: no checkpoint at the path, bad env override, ``episodes < 1``, or a
@@ -210,6 +282,11 @@ def evaluate(
     """
     if episodes < 1:
         raise CLIError(f"--episodes {episodes} must be >= 1. Fix: e.g. --episodes 10.")
+    if num_envs is not None and num_envs < 1:
+        raise CLIError(
+            f"--num-envs {num_envs} must be >= 1. Fix: e.g. --num-envs 200, or 1 for one "
+            "battle at a time."
+        )
     path = resolve_checkpoint(checkpoint, flag="evaluate")
     config = load_checkpoint_config(path).copy(copy_frozen=False)
     if env is not None or env_config is not None:
@@ -218,14 +295,19 @@ def evaluate(
         if not config.is_multi_agent:
             check_env(env, env_config)
         config.environment(env, env_config=env_config)
-    # One env copy: exactly `episodes` episodes, and the same env seed sequence every call.
-    config.env_runners(num_env_runners=0, num_envs_per_env_runner=1, explore=explore)
     if seed is not None:
         config.debugging(seed=seed)
     env_name = str(config.env)
     if video_dir is not None:
         video_dir = Path(video_dir)
         _record_videos(config, video_dir)
+    elif num_envs != 1 and config.is_multi_agent:
+        batched = _smax_battles(
+            config.copy(copy_frozen=False), path, episodes, explore, num_envs, config.seed or 0
+        )
+        if isinstance(batched, EvaluationResult):
+            return batched
+        logger.info("evaluate: one episode at a time on RLlib's env runner (%s)", batched)
     from rllib_ext.envs.smac import battle_info  # lazy: keeps Ray out of the input checks
 
     played = _play(config, path, episodes, explore)

@@ -129,6 +129,13 @@ def _build_parser() -> _Parser:
     )
     evaluate.add_argument("--seed", default=None, metavar="N", help="env seed")
     evaluate.add_argument(
+        "--num-envs",
+        default=None,
+        metavar="N",
+        help="SMAX checkpoints: battles played at once by one compiled step (default: "
+        "min(episodes, 256)); 1 plays one at a time on RLlib's env runner, as other envs do",
+    )
+    evaluate.add_argument(
         "--explore",
         action="store_true",
         help="sample actions from the policy's distribution, as in training (default: greedy)",
@@ -274,9 +281,11 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
     try:
         episodes = int(args.episodes)
+        num_envs = None if args.num_envs is None else int(args.num_envs)
     except ValueError:
         raise CLIError(
-            f"--episodes {args.episodes!r} must be an integer >= 1. Fix: e.g. --episodes 10."
+            f"--episodes {args.episodes!r} / --num-envs {args.num_envs!r} must be integers "
+            ">= 1. Fix: e.g. --episodes 200 --num-envs 200."
         ) from None
     result = evaluate(
         args.checkpoint,
@@ -286,6 +295,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         seed=convert("seed", "--seed", args.seed),
         explore=args.explore,
         video_dir=args.video,
+        num_envs=num_envs,
     )
     if args.json:
         print(json.dumps(result.to_dict()))
@@ -294,6 +304,11 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     print(f"checkpoint: {result.checkpoint}")
     policy = "stochastic (--explore)" if result.explore else "greedy (deterministic)"
     print(f"env: {result.env}  episodes: {len(returns)}  policy: {policy}")
+    if result.battles_at_once > 1:
+        print(
+            f"batched: {result.battles_at_once} battles at once, "
+            f"{result.checked_actions:,} actions mask-checked"
+        )
     print(
         f"mean return: {result.mean:.2f} +/- {result.std:.2f} "
         f"(min {min(returns):.2f}, max {max(returns):.2f})"

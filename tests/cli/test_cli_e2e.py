@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from ray.tune import Result
@@ -212,3 +213,17 @@ def test_train_and_evaluate_smac_v2_report_win_rate(
     assert main(["evaluate", str(run_dir), "--episodes", "3"]) == 0
     out = capsys.readouterr().out
     assert "episodes: 3" in out and "win rate:" in out and "/3 battles won" in out
+    assert "batched: 3 battles at once" in out  # the SMAX checkpoint's batched evaluation
+
+    # The batched path and RLlib's runner (one battle at a time) on the same checkpoint and
+    # fixed seeds: sampled actions, the same mean return within 4 standard errors.
+    returns = {}
+    for num_envs in ("40", "1"):
+        argv = ["evaluate", str(run_dir), "--episodes", "40", "--explore", "--json"]
+        assert main([*argv, "--seed", "5", "--num-envs", num_envs]) == 0
+        result = json.loads(capsys.readouterr().out)
+        assert result["battles_at_once"] == int(num_envs) and len(result["wins"]) == 40
+        returns[num_envs] = np.asarray(result["returns"])
+    batched, single = returns["40"], returns["1"]
+    se = np.sqrt(batched.var() / 40 + single.var() / 40)
+    assert se > 0 and abs(batched.mean() - single.mean()) < 4 * se

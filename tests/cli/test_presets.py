@@ -149,12 +149,20 @@ def test_an_unmapped_map_on_smax_gets_the_generic_smax_preset(env: str) -> None:
     assert settings.env == env
     assert settings.env_config == {"map_name": UNMAPPED, "smax_options": SMAX_OPTIONS}
     assert settings.stop_reward is None and settings.stop_timesteps is None  # no map budget
-    assert settings.num_envs_per_env_runner == 32  # batched battles
+    assert settings.num_envs_per_env_runner == 64  # batched battles
     assert settings.model_config["value_norm"] is True
     assert settings.model_config["death_masking"] is True
     assert settings.model_config["central_critic"] is True
-    assert settings.training["lr"] == [[0, 0.0005], [2_000_000, 0.00005]]
+    assert settings.training["lr"] == [[0, 0.0005], [3_000_000, 0.00005]]
     assert settings.extensions["amp"] == "auto"
+
+
+def test_the_generic_smax_preset_is_the_3s5z_vs_3s6z_recipe_without_map_and_budget() -> None:
+    generic = dict(load_preset("smax").values)
+    recipe = dict(load_preset("smax-3s5z_vs_3s6z").values)
+    recipe["env_config"] = {k: v for k, v in recipe["env_config"].items() if k != "map_name"}
+    del recipe["stop_timesteps"]
+    assert generic == recipe
 
 
 @pytest.mark.usefixtures("no_sc2")
