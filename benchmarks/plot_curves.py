@@ -41,6 +41,7 @@ SMAX_TITLE = (
 
 # Metric key -> panel title, in panel order.
 METRICS = {
+    "sampled_win_rate": "sampled win rate (policy's actions, fresh battles)",
     "greedy_win_rate": "greedy win rate (argmax actions, fresh episodes)",
     "train_win_rate": "win rate of the training policy",
     "episode_return_mean": "mean episode return",
@@ -156,7 +157,7 @@ def plot(
             if points:
                 xs = [p[column] for p in points]
                 ys = [p[2] for p in points]
-                marker = "o" if metric == "greedy_win_rate" else None
+                marker = "o" if metric in ("greedy_win_rate", "sampled_win_rate") else None
                 ax.plot(xs, ys, color=colour, marker=marker, markersize=3, label=run.label)
             if metric == "greedy_win_rate" and run.final is not None:
                 ax.plot(

@@ -4,7 +4,8 @@ The protocol (benchmarks/README.md, "SMAX results"):
 
 * **Env steps** are joint env steps summed over all battles (one step of 64 battles is 64), as
   JaxMARL and Mava count them; RLlib's ``num_env_steps_sampled_lifetime`` counts the same.
-* **Our win rates** at a mark: the run's checkpoint nearest the mark (``rllib-ext train
+* **Our win rates** at a mark (1M, 2M, 3M in the table; every 250k for the curves): the run's
+  checkpoint nearest the mark (``rllib-ext train
   --checkpoint-freq 10``) plays ``--episodes`` fresh battles twice with ``rllib-ext evaluate``'s
   batched SMAX path: actions sampled from the policy (as in training, as Mava reports) and
   greedy (argmax). Battle ``i`` is reset with seed ``--eval-seed + i``; every action is checked
@@ -43,6 +44,8 @@ from typing import Any
 from run_header import append_rows, run_header
 
 MARKS = (1_000_000, 2_000_000, 3_000_000)
+"""The table's marks; ``evaluate`` also evaluates every 250k env steps for the curves."""
+CURVE_MARKS = tuple(range(250_000, 3_000_001, 250_000))
 
 
 def _progress(run_dir: Path) -> dict[int, dict[str, float]]:
@@ -184,7 +187,7 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     ev = sub.add_parser("evaluate", help="evaluate a run's checkpoints at the marks")
     ev.add_argument("run_dir", type=Path, help="an 'rllib-ext train' run directory")
-    ev.add_argument("--marks", type=int, nargs="+", default=list(MARKS))
+    ev.add_argument("--marks", type=int, nargs="+", default=list(CURVE_MARKS))
     ev.add_argument("--episodes", type=int, default=200)
     ev.add_argument("--eval-seed", type=int, default=10_000)
     ev.add_argument("--train-command", required=True, help="the command that trained the run")
