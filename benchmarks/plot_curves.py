@@ -137,14 +137,17 @@ def plot(
     x: str = "env_steps",
     title: str | None = None,
     hline: float | None = None,
+    only: Sequence[str] | None = None,
 ) -> list[str]:
-    """Writes the PNG; returns the metrics drawn (one panel each)."""
+    """Writes the PNG; returns the metrics drawn (one panel each; ``only``: at most these)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    metrics = [m for m in METRICS if any(m in run.points for run in runs)]
+    metrics = [
+        m for m in METRICS if any(m in run.points for run in runs) and (not only or m in only)
+    ]
     if not metrics:
         raise SystemExit(f"no rows with env_steps and one of {sorted(METRICS)} in these files")
     column = 0 if x == "env_steps" else 1
@@ -207,13 +210,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--title", default=None, help="figure title (default for the SMAX files: the setup)"
     )
     parser.add_argument("--hline", type=float, default=None, help="dashed target line, e.g. 450")
+    parser.add_argument(
+        "--metrics", nargs="+", choices=sorted(METRICS), default=None, help="panels (default: all)"
+    )
     args = parser.parse_args(argv)
     files = args.files or sorted((RESULTS / "smax_learning").glob("smax_*.jsonl"))
     title = args.title if args.title is not None or args.files else SMAX_TITLE
     if not files:
         raise SystemExit(f"no JSON-lines files given and none in {RESULTS}")
     runs = read_runs(files)
-    metrics = plot(runs, args.out, x=args.x, title=title, hline=args.hline)
+    metrics = plot(runs, args.out, x=args.x, title=title, hline=args.hline, only=args.metrics)
     print(f"wrote {args.out}: {len(runs)} run(s) ({', '.join(r.label for r in runs)}), {metrics}")
 
 

@@ -151,9 +151,9 @@ def table(args: argparse.Namespace) -> None:
             ours[row["map"]][row["mark"]].append(row)
 
     def seeds(rows: list[dict], key: str) -> str:
-        listed = " / ".join(f"{r[key]:.2f}" for r in sorted(rows, key=lambda r: r["seed"]))
+        listed = " / ".join(f"{r[key]:.3f}" for r in sorted(rows, key=lambda r: r["seed"]))
         median = statistics.median(r[key] for r in rows)
-        return f"**{median:.2f}** ({listed})" if len(rows) > 1 else f"**{median:.2f}**"
+        return f"**{median:.3f}** ({listed})" if len(rows) > 1 else f"**{median:.3f}**"
 
     print(
         "| map | env steps | ours sampled (seeds) | ours greedy | our wall time | "
@@ -170,10 +170,10 @@ def table(args: argparse.Namespace) -> None:
             ref_text, ref_wall = "not run", ""
             if ref:
                 ref_wall = f"{ref[0]['wall_s'] / 60:.1f} min"
-                ref_text = f"{ref[0]['sampled_win_rate']:.2f}"
+                ref_text = f"{ref[0]['sampled_win_rate']:.3f}"
                 if "final_sampled" in ref[0]:
-                    ref_text += f" (final actor: {ref[0]['final_sampled']:.2f} sampled, "
-                    ref_text += f"{ref[0]['final_greedy']:.2f} greedy)"
+                    ref_text += f" (final actor: {ref[0]['final_sampled']:.3f} sampled, "
+                    ref_text += f"{ref[0]['final_greedy']:.3f} greedy)"
             print(
                 f"| {map_name} | {mark / 1e6:.0f}M | "
                 f"{seeds(mine, 'sampled_win_rate') if mine else 'not run'} | "
