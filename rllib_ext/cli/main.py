@@ -279,17 +279,19 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise CLIError(f"{flag} {value!r} {exc}. Fix: e.g. {flag} {option.example}") from None
 
-    try:
-        episodes = int(args.episodes)
-        num_envs = None if args.num_envs is None else int(args.num_envs)
-    except ValueError:
-        raise CLIError(
-            f"--episodes {args.episodes!r} / --num-envs {args.num_envs!r} must be integers "
-            ">= 1. Fix: e.g. --episodes 200 --num-envs 200."
-        ) from None
+    def count(flag: str, value: str | None, example: str) -> int | None:
+        try:
+            return None if value is None else int(value)
+        except ValueError:
+            raise CLIError(
+                f"{flag} {value!r} must be an integer >= 1. Fix: e.g. {flag} {example}."
+            ) from None
+
+    episodes = count("--episodes", args.episodes, "10")
+    num_envs = count("--num-envs", args.num_envs, "200")
     result = evaluate(
         args.checkpoint,
-        episodes=episodes,
+        episodes=episodes or 0,
         env=convert("env", "--env", args.env),
         env_config=convert("env_config", "--env-config", args.env_config),
         seed=convert("seed", "--seed", args.seed),

@@ -214,6 +214,9 @@ BAD_INPUTS = {
     "training_key": (["train", "--training", '{"sgd_minibatch": 5}'], ["sgd_minibatch"]),
     "gpus_without_cuda": (["train", "--num-gpus-per-learner", "1"], ["CUDA"]),
     "episodes": (["evaluate", "x", "--episodes", "0"], ["--episodes 0"]),
+    "episodes_text": (["evaluate", "x", "--episodes", "ten"], ["--episodes 'ten'", ">= 1", "Fix"]),
+    "num_envs": (["evaluate", "x", "--num-envs", "0"], ["--num-envs 0", ">= 1", "Fix"]),
+    "num_envs_text": (["evaluate", "x", "--num-envs", "all"], ["--num-envs 'all'", "Fix"]),
     "no_command": ([], ["choose a command"]),
 }
 
