@@ -148,7 +148,8 @@ def table(args: argparse.Namespace) -> None:
             continue
         for line in path.read_text().splitlines()[1:]:
             row = json.loads(line)
-            ours[row["map"]][row["mark"]].append(row)
+            if "mark" in row:  # evaluation rows (throughput files have none)
+                ours[row["map"]][row["mark"]].append(row)
 
     def seeds(rows: list[dict], key: str) -> str:
         listed = " / ".join(f"{r[key]:.3f}" for r in sorted(rows, key=lambda r: r["seed"]))
