@@ -116,9 +116,8 @@ def evaluate_run(args: argparse.Namespace) -> None:
     append_rows(args.out, rows)
 
 
-def _jaxmarl_rows(path: Path, updates: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _jaxmarl_rows(path: Path, updates: int) -> list[dict[str, Any]]:
     lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    header = next((r["header"] for r in lines if "header" in r), {})
     per_update = [r for r in lines if "train_win_rate" in r and "env_steps" in r]
     final = next((r for r in lines if "final_env_steps" in r), {})
     out = []
@@ -133,7 +132,7 @@ def _jaxmarl_rows(path: Path, updates: int) -> tuple[dict[str, Any], list[dict[s
             row["final_sampled"] = final.get("sampled_eval_win_rate")
             row["final_greedy"] = final.get("greedy_eval_win_rate")
         out.append(row)
-    return header, out
+    return out
 
 
 def table(args: argparse.Namespace) -> None:
@@ -143,7 +142,7 @@ def table(args: argparse.Namespace) -> None:
     for path in args.files:
         first = json.loads(path.read_text().splitlines()[0]).get("header", {})
         if "jaxmarl_baseline" in first:
-            for row in _jaxmarl_rows(path, args.jaxmarl_updates)[1]:
+            for row in _jaxmarl_rows(path, args.jaxmarl_updates):
                 theirs[first["map"]][row["mark"]].append(row)
             continue
         for line in path.read_text().splitlines()[1:]:

@@ -279,19 +279,19 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise CLIError(f"{flag} {value!r} {exc}. Fix: e.g. {flag} {option.example}") from None
 
-    def count(flag: str, value: str | None, example: str) -> int | None:
+    def count(flag: str, value: str, example: str) -> int:
         try:
-            return None if value is None else int(value)
+            return int(value)
         except ValueError:
             raise CLIError(
                 f"{flag} {value!r} must be an integer >= 1. Fix: e.g. {flag} {example}."
             ) from None
 
     episodes = count("--episodes", args.episodes, "10")
-    num_envs = count("--num-envs", args.num_envs, "200")
+    num_envs = None if args.num_envs is None else count("--num-envs", args.num_envs, "200")
     result = evaluate(
         args.checkpoint,
-        episodes=episodes or 0,
+        episodes=episodes,
         env=convert("env", "--env", args.env),
         env_config=convert("env_config", "--env-config", args.env_config),
         seed=convert("seed", "--seed", args.seed),
