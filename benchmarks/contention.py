@@ -6,12 +6,14 @@ Command (2-core machine; run alone, under the lock)::
         --json benchmarks/results/contention/contention.jsonl
 
 For each workload (the CartPole defaults of ``rllib-ext train``, and the SMAX
-``smax-3s5z_vs_3s6z`` preset) and each OpenMP wait policy (``PASSIVE``, what ``import rllib_ext``
-sets, and ``ACTIVE``, OpenMP's spinning default), ``rllib-ext train`` runs in a fresh process
-twice: alone, and beside one competing CPU-bound process (a Python busy loop at the same
-priority, or ``--competitor-nice``). The rate is env steps per second over the iterations after the
-first (``progress.csv``: ``env_runners/num_env_steps_sampled`` over ``time_this_iter_s``). The
-target: shared >= 0.4x of the best quiet rate (a fair share of 2 cores is 0.5x).
+``smax-3s5z_vs_3s6z`` preset) and each thread setting (``auto``: rllib-ext's default, one torch
+thread in the learner's process; ``2-threads``: ``--cpu-threads 2`` under OpenMP's default wait
+policy; ``2-threads-passive``: the same with ``OMP_WAIT_POLICY=PASSIVE``, rllib-ext's import-time
+default before 2026-12-06), ``rllib-ext train`` runs in a fresh process twice: alone, and beside
+one competing CPU-bound process (a Python busy loop at the same priority, or ``--competitor-nice``).
+The rate is env steps per second over the iterations after the first (``progress.csv``:
+``env_runners/num_env_steps_sampled`` over ``time_this_iter_s``). The target: shared >= 0.5x of the
+best quiet rate (a fair share of 2 cores).
 """
 
 from __future__ import annotations
@@ -33,14 +35,20 @@ WORKLOADS = {
     "cartpole": ["--stop-reward", "none", "--stop-timesteps", "24000"],
     "smax-3s5z_vs_3s6z": ["--preset", "smax-3s5z_vs_3s6z", "--stop-timesteps", "49152"],
 }
-POLICIES = ("PASSIVE", "ACTIVE")
+SETTINGS: dict[str, tuple[dict[str, str], list[str]]] = {
+    "auto": ({}, []),
+    "2-threads": ({}, ["--cpu-threads", "2"]),
+    "2-threads-passive": ({"OMP_WAIT_POLICY": "PASSIVE"}, ["--cpu-threads", "2"]),
+}
 BUSY_LOOP = "while True: pass"
 
 
-def run(workload: str, policy: str, competitor_nice: int | None) -> dict[str, Any]:
+def run(workload: str, setting: str, competitor_nice: int | None) -> dict[str, Any]:
     """One ``rllib-ext train`` run; ``competitor_nice`` ``None``: alone."""
     rllib_ext = str(Path(sys.executable).with_name("rllib-ext"))
-    env = {**os.environ, "OMP_WAIT_POLICY": policy}
+    variables, flags = SETTINGS[setting]
+    cleared = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")
+    env = {**{k: v for k, v in os.environ.items() if k not in cleared}, **variables}
     competitor = None
     if competitor_nice is not None:
         competitor = subprocess.Popen(
@@ -55,6 +63,7 @@ def run(workload: str, policy: str, competitor_nice: int | None) -> dict[str, An
                     rllib_ext,
                     "train",
                     *WORKLOADS[workload],
+                    *flags,
                     "--run-dir",
                     str(run_dir),
                     "--no-progress",
@@ -74,7 +83,7 @@ def run(workload: str, policy: str, competitor_nice: int | None) -> dict[str, An
     steps = sum(float(r["env_runners/num_env_steps_sampled"]) for r in timed)
     return {
         "workload": workload,
-        "omp_wait_policy": policy,
+        "setting": setting,
         "competitor": competitor_nice is not None,
         "competitor_nice": competitor_nice,
         "env_steps_per_s": steps / seconds,
@@ -92,7 +101,7 @@ def _header(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
-    parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
+    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     parser.add_argument("--competitor-nice", type=int, default=0)
     parser.add_argument("--json", type=Path, help="append rows to this JSON-lines file")
     args = parser.parse_args()
@@ -100,9 +109,9 @@ def main() -> None:
     print(json.dumps(rows[0]), flush=True)
     for workload in args.workloads:
         results = []
-        for policy in args.policies:
+        for setting in args.settings:
             for nice in (None, args.competitor_nice):
-                row = run(workload, policy, nice)
+                row = run(workload, setting, nice)
                 results.append(row)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
@@ -111,7 +120,7 @@ def main() -> None:
             summary = {**r, "of_best_quiet": r["env_steps_per_s"] / best_quiet, "summary": True}
             rows.append(summary)
             print(
-                f"{workload:20s} {r['omp_wait_policy']:8s} "
+                f"{workload:20s} {r['setting']:18s} "
                 f"{'shared' if r['competitor'] else 'alone':6s} "
                 f"{r['env_steps_per_s']:8.0f} env steps/s  {summary['of_best_quiet']:.2f}x",
                 flush=True,

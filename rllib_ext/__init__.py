@@ -5,8 +5,9 @@
 :class:`PPOExtTorchLearner` registers the env names ``"smac_v2"``, ``"smac"`` and ``"smax"`` with
 RLlib (see :mod:`rllib_ext.envs`; :func:`rllib_ext.envs.register_envs` does it explicitly, e.g.
 for ``tune.Tuner("PPO", param_space={"env": "smax", ...})``). Optional backends (JAX,
-StarCraft II) load only when an env is built. Unless the environment says otherwise, it sets
-``OMP_WAIT_POLICY=PASSIVE`` for torch's CPU threads (:mod:`rllib_ext._threads`).
+StarCraft II) load only when an env is built. Importing it sets no environment variable and no
+thread setting; the CPU thread policy is applied where a learner or env runner of ours is built
+(:mod:`rllib_ext._threads`).
 """
 
 from __future__ import annotations
@@ -14,14 +15,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from rllib_ext._threads import prefer_passive_omp_wait
 from rllib_ext._versions import warn_if_untested
 from rllib_ext.envs import register_envs
 
 __version__ = "0.1.0"
-
-# Before torch loads OpenMP: its threads yield instead of spinning (rllib_ext._threads).
-OMP_WAIT_POLICY_SET = prefer_passive_omp_wait()
 
 __all__ = [
     "PPO",

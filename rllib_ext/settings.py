@@ -120,6 +120,12 @@ class UpdateSettings:
     finite check over all gradients, foreach norms for ``grad_clip_by="global_norm"``; the same
     update within fp32 rounding. ``False``: RLlib's single-tensor Adam and per-tensor checks."""
 
+    cpu_threads: int = field(default=0, metadata=_bounds(integer=True, ge=0))
+    """torch's intra-op threads in a process where the learner runs on the CPU, set with
+    ``torch.set_num_threads`` when the learner is built (``rllib_ext._threads``). ``0`` (auto):
+    one thread unless ``OMP_NUM_THREADS`` is set (by you, or by Ray in its workers: then that
+    count); ``N``: ``N`` threads. Measured in ``benchmarks/README.md``, "Thread policy"."""
+
     def __post_init__(self) -> None:
         _check_fields(self)
 

@@ -1,5 +1,5 @@
-"""``import rllib_ext`` asks OpenMP's threads to yield (``OMP_WAIT_POLICY=PASSIVE``) unless the user
-chose a policy or torch is already loaded (then OpenMP has read its settings already)."""
+"""torch's CPU threads: ``import rllib_ext`` changes nothing; building the learner on the CPU
+applies ``cpu_threads`` (auto: one thread unless ``OMP_NUM_THREADS`` chose a count)."""
 
 from __future__ import annotations
 
@@ -7,39 +7,87 @@ import os
 import subprocess
 import sys
 
-from rllib_ext._threads import prefer_passive_omp_wait, wait_policy_note
+import gymnasium as gym
+import pytest
+import torch
+
+from rllib_ext import PPOConfig
+from rllib_ext._threads import apply_cpu_threads, resolve_cpu_threads, thread_policy_rows
+
+_PROBE = (
+    "import os, {imports}; import torch; "
+    "print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('OMP_NUM_THREADS'), "
+    "torch.get_num_threads())"
+)
 
 
-def test_sets_passive_only_where_nothing_was_chosen_and_torch_is_not_loaded():
-    environ: dict[str, str] = {}
-    assert prefer_passive_omp_wait(environ, modules={})
-    assert environ == {"OMP_WAIT_POLICY": "PASSIVE"}
-    assert "set by rllib_ext" in wait_policy_note(environ, set_by_rllib_ext=True)
-
-    chosen = {"OMP_WAIT_POLICY": "ACTIVE"}
-    assert not prefer_passive_omp_wait(chosen, modules={})
-    assert chosen == {"OMP_WAIT_POLICY": "ACTIVE"}
-    assert "from the environment" in wait_policy_note(chosen, set_by_rllib_ext=False)
-
-    late: dict[str, str] = {}
-    assert not prefer_passive_omp_wait(late, modules={"torch": object()})
-    assert late == {}
-    assert "unset" in wait_policy_note(late)
-
-
-def _policy_after(code: str, **env: str) -> str:
-    environ = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | env
+def _probe(imports: str) -> list[str]:
+    environ = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GOMP_SPINCOUNT")
+    }
     out = subprocess.run(
-        [sys.executable, "-c", code + "; import os; print(os.environ.get('OMP_WAIT_POLICY'))"],
+        [sys.executable, "-c", _PROBE.format(imports=imports)],
         env=environ,
         capture_output=True,
         text=True,
         check=True,
     )
-    return out.stdout.split()[-1]
+    return out.stdout.split()[-3:]
 
 
-def test_import_rllib_ext_sets_it_in_a_fresh_process_and_keeps_the_users():
-    assert _policy_after("import rllib_ext") == "PASSIVE"
-    assert _policy_after("import rllib_ext", OMP_WAIT_POLICY="ACTIVE") == "ACTIVE"
-    assert _policy_after("import torch, rllib_ext") == "None"
+def test_import_rllib_ext_sets_no_environment_variable_and_no_thread_count():
+    plain = _probe("json")
+    with_ext = _probe("rllib_ext")
+    assert with_ext[:2] == ["None", "None"]
+    assert with_ext == plain
+
+
+def test_auto_is_one_thread_unless_omp_num_threads_chose_a_count():
+    assert resolve_cpu_threads(0, environ={}) == 1
+    assert resolve_cpu_threads(0, environ={"OMP_NUM_THREADS": "4"}) is None
+    assert resolve_cpu_threads(3, environ={"OMP_NUM_THREADS": "4"}) == 3
+
+
+@pytest.fixture
+def restore_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_apply_sets_the_count_on_the_cpu_only(restore_threads):
+    torch.set_num_threads(2)
+    assert apply_cpu_threads(0, "cuda", environ={}) == 2
+    assert apply_cpu_threads(0, "cpu", environ={"OMP_NUM_THREADS": "2"}) == 2
+    assert apply_cpu_threads(0, "cpu", environ={}) == 1
+    assert apply_cpu_threads(2, "cpu", environ={}) == 2
+
+
+@pytest.mark.parametrize(("cpu_threads", "expected"), [(None, 1), (2, 2)])
+def test_building_the_learner_applies_cpu_threads(
+    ray_session, restore_threads, monkeypatch, cpu_threads, expected
+):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    torch.set_num_threads(3 - expected)  # the other count, so the learner must change it
+    training = {} if cpu_threads is None else {"cpu_threads": cpu_threads}
+    config = (
+        PPOConfig()
+        .environment("CartPole-v1")
+        .env_runners(num_env_runners=0)
+        .rl_module(model_config={"fcnet_hiddens": [8]})
+        .training(train_batch_size=64, minibatch_size=32, **training)
+    )
+    config.build_learner(env=gym.make("CartPole-v1"))
+    assert torch.get_num_threads() == expected
+
+
+def test_doctor_rows_say_what_the_learner_gets_and_how_to_change_it():
+    rows = dict(thread_policy_rows(2, environ={"GOMP_SPINCOUNT": "1000"}))
+    assert rows["rllib_ext cpu learner threads"].startswith("1 ")
+    assert "cpu_threads=N" in rows["rllib_ext cpu learner threads"]
+    assert rows["GOMP_SPINCOUNT"] == "1000"
+    assert "unset" in rows["OMP_WAIT_POLICY"]
+    chosen = dict(thread_policy_rows(2, environ={"OMP_NUM_THREADS": "4"}))
+    assert chosen["rllib_ext cpu learner threads"].startswith("4 ")

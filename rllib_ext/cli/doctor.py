@@ -14,9 +14,8 @@ import platform
 from collections.abc import Callable
 from pathlib import Path
 
-import rllib_ext
 from rllib_ext import _rllib_private as private
-from rllib_ext._threads import wait_policy_note
+from rllib_ext._threads import thread_policy_rows
 from rllib_ext._versions import TESTED, installed_version, tested_note
 from rllib_ext.ops.gae import kernel_backend
 
@@ -90,10 +89,7 @@ def _accelerators() -> Rows:
     rows.append(("cpu bf16 (avx512_bf16)", _cpu_flag(private.cpu_has_avx512_bf16)))
     rows.append(("cpu amx", _cpu_flag(private.cpu_has_amx)))
     rows.append(("cpu cores", str(os.cpu_count())))
-    rows.append(("torch cpu threads", str(torch.get_num_threads())))
-    rows.append(
-        ("OMP_WAIT_POLICY", wait_policy_note(set_by_rllib_ext=rllib_ext.OMP_WAIT_POLICY_SET))
-    )
+    rows.extend(thread_policy_rows(torch.get_num_threads()))
     return rows
 
 

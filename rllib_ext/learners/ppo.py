@@ -32,6 +32,7 @@ from ray.rllib.utils.annotations import override
 from ray.rllib.utils.typing import ModuleID, ParamDict, StateDict, TensorType
 
 from rllib_ext import _rllib_private as private
+from rllib_ext._threads import apply_cpu_threads
 from rllib_ext.config_checks import check_algorithm_config
 from rllib_ext.connectors.batching import install_vectorized_batching
 from rllib_ext.connectors.death_mask import DeathMask
@@ -81,6 +82,8 @@ class PPOExtTorchLearner(PPOTorchLearner):
         # where the comm hooks get registered.
         self.comm = CommCompression(self.ext_settings.comm)
         super().build()
+        # Before any step: torch's intra-op threads where this learner runs on the CPU.
+        apply_cpu_threads(self.ext_settings.update.cpu_threads, self.device.type)
         self.amp = AMPState(
             settings=amp_settings,
             device=self.device,
