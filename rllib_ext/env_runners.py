@@ -12,10 +12,12 @@ with nothing else added; ``rllib_ext.PPOConfig`` picks them for ``amp_inference=
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
 from ray.rllib.connectors.connector_v2 import ConnectorV2
+from ray.rllib.core.rl_module.multi_rl_module import MultiRLModule
 from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
 from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 from ray.rllib.utils.annotations import override
@@ -29,6 +31,7 @@ __all__ = [
     "AMPMultiAgentEnvRunner",
     "AMPSingleAgentEnvRunner",
     "CastToFloat32",
+    "module_device",
     "REPLACEABLE",
     "replaceable",
     "supports_amp_inference",
@@ -74,7 +77,7 @@ class AMPInference(_EnvRunnerBase):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         amp = ExtensionSettings.from_learner_config_dict(self.config.learner_config_dict).amp
-        device = next(iter(_parameters(self.module)), torch.empty(0)).device
+        device = module_device(self.module)
         self._amp_inference_dtype = (
             resolve_amp_dtype(amp.amp, device) if amp.amp_inference else None
         )
@@ -108,10 +111,19 @@ def replaceable(runner_class: type | None) -> bool:
     return runner_class is None or bool(vars(runner_class).get(REPLACEABLE, False))
 
 
-def _parameters(module: Any) -> list[torch.Tensor]:
+def module_device(module: Any) -> torch.device:
+    """Where ``module`` computes: the device of its first parameter or, for a multi-agent module
+    (a ``MultiRLModule`` has no parameters of its own), of the first sub-module that has
+    parameters; the CPU for a module without any (or none at all)."""
+    return next(_parameters(module), torch.empty(0)).device
+
+
+def _parameters(module: Any) -> Iterator[torch.Tensor]:
     if isinstance(module, torch.nn.Module):
-        return list(module.parameters())
-    return []
+        yield from module.parameters()
+    elif isinstance(module, MultiRLModule):
+        for sub_module in module.values():
+            yield from _parameters(sub_module)
 
 
 class AMPSingleAgentEnvRunner(AMPInference, SingleAgentEnvRunner):

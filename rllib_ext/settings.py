@@ -152,9 +152,10 @@ class AMPSettings:
     amp: Literal[False, "fp16", "bf16", "auto"] = field(default=False, metadata={"example": "auto"})
     """Mixed precision for the learner update: fp16 (loss scaling), bf16, auto or off (fp32).
     ``False``: fp32 (RLlib's behaviour). ``"fp16"``: float16 autocast with dynamic loss scaling (``torch.amp.GradScaler``).
-    ``"bf16"``: bfloat16 autocast, no scaling needed. ``"auto"``: fp16 on CUDA, bf16 on CPUs with
-    native bf16 (AVX512-BF16/AMX), else off; the choice is logged. ``True`` is read as
-    ``"auto"``."""
+    ``"bf16"``: bfloat16 autocast, no scaling needed (refused on CUDA GPUs below compute capability
+    8.0). ``"auto"``: bf16 on CUDA GPUs with native bf16 (compute capability >= 8.0: A100, H100),
+    fp16 on older CUDA GPUs, bf16 on CPUs with native bf16 (AVX512-BF16/AMX), else off; the choice
+    is logged. ``True`` is read as ``"auto"``."""
 
     amp_init_scale: float = field(default=1024.0, metadata=_bounds(gt=0))
     """fp16 only: initial loss scale (the tutorial's ``fp16_loss_scaling``)."""

@@ -27,7 +27,7 @@ import numpy as np
 
 from rllib_ext.envs.smac.backend import agent_observations, agent_states, derive_seed
 from rllib_ext.envs.smac.settings import SMACEnvSettings
-from rllib_ext.envs.smac.smax import SMAXBackend, _compile
+from rllib_ext.envs.smac.smax import SMAXBackend, _compile, import_jax
 
 __all__ = ["AUTO_GROUP_ROWS", "SMAXBatch", "SMAXBattles", "auto_num_groups"]
 
@@ -73,8 +73,7 @@ def _compile_batched(map_name: str, options: Mapping[str, Any]) -> tuple[Any, An
     cache_key = (map_name, repr(sorted(options.items())))
     if cache_key in _BATCHED:
         return _BATCHED[cache_key]
-    import jax
-
+    jax = import_jax()
     single = _compile(map_name, options)
     # The single env's jitted reset/step (key split included) vmapped: the same ops per battle.
     v_reset = jax.vmap(single.reset)

@@ -31,7 +31,7 @@ import numpy as np
 from rllib_ext.envs.smac.backend import BackendSpec, Step
 from rllib_ext.envs.smac.settings import SMACEnvSettings
 
-__all__ = ["SMAXBackend", "smax_map_names"]
+__all__ = ["XLA_PREALLOCATE", "SMAXBackend", "import_jax", "smax_map_names"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +81,22 @@ def _captured_stdout() -> Iterator[io.StringIO]:
             captured.write(sink.read().decode(errors="replace"))
 
 
+XLA_PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
+
+
+def import_jax() -> Any:
+    """``jax`` for the SMAX backend, with ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` unless the user
+    set the variable: on a CUDA GPU, JAX otherwise takes 75% of the GPU's memory when it creates
+    its GPU client, and a torch learner on the same GPU gets the rest. JAX reads the variable then
+    (at its first computation), not at ``import jax``, which RLlib's own import may already have
+    done. ``import rllib_ext`` leaves the variable alone; every path of this backend into JAX
+    passes here first."""
+    os.environ.setdefault(XLA_PREALLOCATE, "false")
+    import jax  # lazy: JAX is the optional smax extra, out of import rllib_ext
+
+    return jax
+
+
 def _import_smax() -> tuple[Any, Any]:
     """Imports JaxMARL's SMAX lazily, its import-time prints routed to the debug log.
 
@@ -89,6 +105,7 @@ def _import_smax() -> tuple[Any, Any]:
     """
     if "jaxmarl.environments.smax.heuristic_enemy_smax_env" not in sys.modules:
         try:
+            import_jax()
             with _captured_stdout() as captured:
                 import jaxmarl.environments.smax.heuristic_enemy_smax_env  # noqa: F401
         except ImportError as exc:
