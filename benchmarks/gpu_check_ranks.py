@@ -23,7 +23,6 @@ import torch
 
 HOOK_NAMES = ("fp16", "bf16", "powersgd", "onebit")
 TWO_RANK_STEPS = 4  # with 2 warm-up steps for PowerSGD and 1-bit: 2 compressed steps
-SPAWN_TIMEOUT_S = 240
 
 
 def _mlp() -> torch.nn.Module:
@@ -110,7 +109,7 @@ def _rank_worker(rank: int, init_file: str, out_dir: str, backend: str, device_t
         dist.destroy_process_group()
 
 
-def _spawn(backend: str, device_type: str) -> list[dict[str, Any]]:
+def _spawn(backend: str, device_type: str, timeout_s: float) -> list[dict[str, Any]]:
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="gpu_check_ranks_") as tmp:
@@ -121,11 +120,11 @@ def _spawn(backend: str, device_type: str) -> list[dict[str, Any]]:
             join=False,
             start_method="spawn",
         )
-        deadline = time.monotonic() + SPAWN_TIMEOUT_S
+        deadline = time.monotonic() + timeout_s
         try:
             while not context.join(timeout=2):
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"two {backend} ranks did not finish in {SPAWN_TIMEOUT_S} s")
+                    raise TimeoutError(f"two {backend} ranks did not finish in {timeout_s:.0f} s")
         finally:
             for process in context.processes:
                 if process.is_alive():
@@ -177,20 +176,22 @@ def _rank_row(backend: str, device: str, name: str, ranks: list[dict[str, Any]])
     return row
 
 
-def run_two_ranks(device: torch.device) -> list[dict[str, Any]]:
+def run_two_ranks(device: torch.device, *, timeout_s: float) -> list[dict[str, Any]]:
     """The hooks under DDP on two ranks: gloo (CUDA tensors on one shared GPU when there is
-    one), NCCL with one GPU per rank where there are two; rows say what did not run."""
+    one), NCCL with one GPU per rank where there are two; rows say what did not run. The ranks
+    are killed after ``timeout_s`` per backend (``TimeoutError``)."""
     import torch.distributed as dist
 
     rows = []
     device_type = device.type
     if not dist.is_available() or not dist.is_gloo_available():
         return [{"case": "gloo", "summary": "-", "check": "not run: torch without gloo"}]
-    ranks = _spawn("gloo", device_type)
+    started = time.monotonic()
+    ranks = _spawn("gloo", device_type, timeout_s)
     rows += [_rank_row("gloo", device_type, name, ranks) for name in HOOK_NAMES]
     gpus = torch.cuda.device_count() if device_type == "cuda" else 0
     if gpus >= 2 and dist.is_nccl_available():
-        ranks = _spawn("nccl", "cuda")
+        ranks = _spawn("nccl", "cuda", max(timeout_s - (time.monotonic() - started), 5))
         rows += [_rank_row("nccl", "cuda", name, ranks) for name in HOOK_NAMES]
     else:
         reason = (

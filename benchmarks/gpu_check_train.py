@@ -35,7 +35,6 @@ SPEED_TARGET = 1.8  # x fp32 samples/s, fp16 and bf16 on the ~25M model (issue 3
 MEMORY_TARGET = 0.7  # x fp32 peak CUDA memory, same rows
 TARGET_SIZE = "mlp25m"
 PPO_PRESETS = ("cartpole", "smax-3s5z_vs_3s6z")
-CHAPTER4_TIMEOUT_S = 600
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,11 +271,13 @@ def _ppo_one(preset: str, gpus: int, sizes: Sizes) -> dict[str, Any]:
     }
 
 
-def run_ppo(sizes: Sizes, device: torch.device) -> list[dict[str, Any]]:
+def run_ppo(
+    sizes: Sizes, device: torch.device, presets: tuple[str, ...] | list[str] = PPO_PRESETS
+) -> list[dict[str, Any]]:
     """Each preset twice, learner on ``device`` (1 GPU) and on the CPU; env steps/s compared."""
     rows = []
     gpus = 1 if device.type == "cuda" else 0
-    for preset in PPO_PRESETS:
+    for preset in presets:
         arms: dict[str, dict[str, Any]] = {}
         for arm, arm_gpus in (("gpu", gpus), ("cpu", 0)):
             try:
@@ -308,11 +309,13 @@ def run_ppo(sizes: Sizes, device: torch.device) -> list[dict[str, Any]]:
 # -- 4. The tutorial's chapter 4 -----------------------------------------------------------
 
 
-def run_chapter4(sizes: Sizes, *, dry_run: bool, ray_address: str) -> list[dict[str, Any]]:
+def run_chapter4(
+    sizes: Sizes, *, dry_run: bool, ray_address: str, timeout_s: float
+) -> list[dict[str, Any]]:
     """Chapter 4 as ``tests/tutorial/test_chapters.py`` runs it: a subprocess joined to this
-    Ray, ``RLLIB_EXT_FIT_RESOURCES=1``, an iteration cap. ``dry_run``: the chapter's own config
-    with a tiny batch (:func:`chapter4_tiny`), since the printed one takes ~70 s per iteration
-    of fp16 on a CPU."""
+    Ray, ``RLLIB_EXT_FIT_RESOURCES=1``, an iteration cap, killed after ``timeout_s`` (inside the
+    step's cap). ``dry_run``: the chapter's own config with a tiny batch
+    (:func:`chapter4_tiny`), since the printed one takes ~70 s per iteration of fp16 on a CPU."""
     token = Path.home() / ".ray" / "auth_token"  # Ray's token file, before HOME moves
     with tempfile.TemporaryDirectory(prefix="gpu_check_ch4_") as tmp:
         env = dict(os.environ)
@@ -330,7 +333,7 @@ def run_chapter4(sizes: Sizes, *, dry_run: bool, ray_address: str) -> list[dict[
             command = [sys.executable, __file__, "chapter4-tiny"]
         started = time.perf_counter()
         proc = subprocess.run(
-            command, cwd=tmp, env=env, capture_output=True, text=True, timeout=CHAPTER4_TIMEOUT_S
+            command, cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout_s
         )
         seconds = time.perf_counter() - started
         if proc.returncode != 0:

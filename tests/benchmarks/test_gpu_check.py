@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import ray
 import torch
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
-STEPS = ["amp", "codecs", "ranks", "ppo", "chapter4"]
+STEPS = ["amp", "codecs", "ranks", "ppo", "chapter4", "smax"]
 AMP_MODELS = ["preset", "mlp3x1024", "mlp25m"]
 AMP_MODES = ["fp32", "fp16", "bf16", "auto"]
 HOOKS = ["fp16", "bf16", "powersgd", "onebit"]
-PRESETS = ["cartpole", "smax-3s5z_vs_3s6z"]
 DRY_RUN_TIMEOUT_S = 600
 
 
@@ -52,9 +52,12 @@ def test_header_and_every_step_present(report: dict[str, Any]) -> None:
     for key in ("gpu", "driver", "torch", "cuda", "ray", "commit", "command"):
         assert key in header
     assert header["dry_run"] is True and header["torch"] == torch.__version__
+    assert header["ray"] == ray.__version__ and header["capability"] is None
     assert "--dry-run" in header["command"]
     assert list(report["steps"]) == STEPS
-    assert report["ok"] and report["failures"] == []
+    assert report["ok"] and report["failures"] == [] and report["complete"] is True
+    for step in STEPS:  # each under its cap, none skipped
+        assert 0 < report["steps"][step]["cap_s"] <= report["budget_s"]
     for step in STEPS:  # one table, every step in it
         assert any(line.startswith(step) for line in report["printed"].splitlines())
 
@@ -102,11 +105,12 @@ def test_two_ranks_identical_under_every_hook(report: dict[str, Any]) -> None:
     assert nccl["check"].startswith("not run: ")
 
 
-def test_ppo_runs_report_every_component_metric(report: dict[str, Any]) -> None:
-    rows = _rows(report, "ppo")
-    assert [(r["preset"], r["arm"]) for r in rows] == [
-        (preset, arm) for preset in PRESETS for arm in ("gpu", "cpu")
-    ]
+@pytest.mark.parametrize(("step", "preset"), [("ppo", "cartpole"), ("smax", "smax-3s5z_vs_3s6z")])
+def test_ppo_runs_report_every_component_metric(
+    report: dict[str, Any], step: str, preset: str
+) -> None:
+    rows = _rows(report, step)
+    assert [(r["preset"], r["arm"]) for r in rows] == [(preset, "gpu"), (preset, "cpu")]
     for row in rows:
         assert row["learner_device"] == "cpu"
         assert row["missing_metrics"] == [], row["missing_metrics"]
