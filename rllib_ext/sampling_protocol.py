@@ -17,12 +17,14 @@ from typing import Any
 __all__ = ["FUSED_EQUIVALENT", "fused_equivalent", "sample_phase"]
 
 FUSED_EQUIVALENT = "rllib_ext_fused_equivalent"
-"""Class attribute of a connector piece: ``True`` when a fused loop may skip it (see above)."""
+"""Class attribute of a connector piece: ``True`` when a fused loop may skip it (see above);
+counts only on the class that defines it, not on its subclasses."""
 
 
 def fused_equivalent(piece: Any) -> bool:
-    """Whether ``piece`` declared :data:`FUSED_EQUIVALENT`."""
-    return bool(getattr(type(piece), FUSED_EQUIVALENT, False))
+    """Whether ``piece``'s own class declared :data:`FUSED_EQUIVALENT` (a subclass inherits no
+    such promise: it may change what the piece does)."""
+    return vars(type(piece)).get(FUSED_EQUIVALENT) is True
 
 
 def sample_phase(env_runner: Any, phase: str) -> AbstractContextManager[Any]:

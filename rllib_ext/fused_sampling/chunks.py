@@ -1,10 +1,10 @@
 """Episode chunks of the fused single-agent loop: the one place that knows RLlib's episode layout.
 
-:func:`build_chunk` turns a :class:`~rllib_ext.fused_sampling.tracks.Track` into the numpy'd
-``SingleAgentEpisode`` ``SingleAgentEnvRunner._sample`` would have returned for the same steps:
-RLlib's public constructor over the track's lists (lookback as ``cut()`` leaves it), then
-``to_numpy()``, so dtypes and buffers come from RLlib's own code. The cost is per chunk, not
-per step. The chunk's clock goes through :mod:`rllib_ext._rllib_private`.
+:func:`build_chunk` turns a :class:`~rllib_ext.fused_sampling.tracks.Track` into the
+list-based ``SingleAgentEpisode`` ``SingleAgentEnvRunner._sample`` holds for the same steps:
+RLlib's public constructor over the track's lists (lookback as ``cut()`` leaves it). The loop
+hands it to ``on_episode_end`` as RLlib's does, then calls ``to_numpy()`` (in place), so dtypes
+and buffers come from RLlib's own code. The cost is per chunk, not per step. The chunk's clock goes through :mod:`rllib_ext._rllib_private`.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ def build_chunk(
     start_time: float | None,
     last_step_time: float | None,
 ) -> SingleAgentEpisode:
-    """The numpy'd ``SingleAgentEpisode`` chunk RLlib's loop would have returned for ``track``,
-    whose per-step lists are ``items`` (:meth:`Track.items`; at least the first observation)."""
+    """The list-based ``SingleAgentEpisode`` chunk RLlib's loop holds for ``track`` (before its
+    ``to_numpy()``), whose per-step lists are ``items`` (:meth:`Track.items`; at least the
+    first observation)."""
     episode = SingleAgentEpisode(
         track.episode_id,
         observation_space=observation_space,
@@ -43,4 +44,4 @@ def build_chunk(
         **items,
     )
     private.set_episode_clock(episode, start_time=start_time, last_step_time=last_step_time)
-    return episode.to_numpy()
+    return episode

@@ -3,16 +3,18 @@
 
 A fused loop (the single-agent one of this package, the SMAX one of
 :mod:`rllib_ext.envs.smac.sampling`) runs inside an RLlib env runner in place of its ``_sample``.
-:class:`FusedDispatch` is the runner side: per call it either runs the loop or RLlib's own
-``_sample`` over the same env, with the reason logged once per reason, RLlib's loop starting
-afresh after the fused one (each keeps its own episodes in progress), and a module whose outputs
-the loop does not record (:class:`UnfusedModuleOutputs`, raised by the loop's first forward)
-sending this and every later call to RLlib's loop.
+:class:`FusedDispatch` is the runner side: per call its rule decides, before any side effect
+(no env reset, no RNG draw, no callback), whether the loop runs or RLlib's own ``_sample`` over
+the same env; a fallback is announced once per runner and reason (:class:`FusedSamplingFallback`,
+a warning) and RLlib's loop starts afresh after the fused one (each keeps its own episodes in
+progress). A loop never hands a call back once it has started it.
 """
 
 from __future__ import annotations
 
 import logging
+import warnings
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, cast
 
 from ray.rllib.callbacks.callbacks import RLlibCallback
@@ -22,24 +24,57 @@ from rllib_ext import _rllib_private as private
 from rllib_ext.sampling_protocol import fused_equivalent
 from rllib_ext.settings import ExtensionSettings
 
-__all__ = ["FusedDispatch", "UnfusedModuleOutputs", "call_on_episode_end", "per_step_callback"]
-__all__ += ["pipeline_piece_names"]
+__all__ = ["FusedDispatch", "FusedSamplingFallback", "UnfusedModuleOutputs"]
+__all__ += ["call_on_episode_end", "pipeline_mismatch", "per_step_callback"]
 
 logger = logging.getLogger("rllib_ext.fused_sampling")
 
 PER_STEP_CALLBACKS = ("on_episode_created", "on_episode_start", "on_episode_step")
 
+Piece = tuple[type, Callable[[], Any]]
+"""An expected connector piece: its exact class and a factory for the piece as RLlib's config
+builds it (its flags are what the piece in the pipeline must have)."""
+
+
+_CHOSEN = ("fused_sampling=False", "random actions")
+"""Fallback reasons the caller chose: logged at INFO, not warned."""
+
+
+class FusedSamplingFallback(UserWarning):
+    """RLlib's own sampling loop runs instead of a fused one (the message says why); warned once
+    per env runner and reason. ``warnings.simplefilter("ignore", FusedSamplingFallback)``
+    silences it; ``env_runners/fused_sampling`` (``smax_fused_sampling``) shows it too."""
+
 
 class UnfusedModuleOutputs(Exception):
-    """The module returned outputs the fused loop does not record; raised by the first forward
-    of a call, before any env step."""
+    """The module returned outputs the fused loop does not record (raised by a fused loop's
+    forward; the rule's dry check finds them before a call starts)."""
 
 
-def pipeline_piece_names(pipeline: Any) -> tuple[str, ...]:
-    """The class names of ``pipeline``'s pieces, without those that declared
-    :data:`~rllib_ext.sampling_protocol.FUSED_EQUIVALENT` (a fused loop reproduces them)."""
-    pieces = getattr(pipeline, "connectors", ())
-    return tuple(type(p).__name__ for p in pieces if not fused_equivalent(p))
+def _flags(piece: Any) -> dict[str, Any]:
+    """A piece's flags: its attributes holding a bool, number or string (spaces, devices,
+    functions and unset ``None`` values are no flags)."""
+    return {k: v for k, v in vars(piece).items() if isinstance(v, (bool, int, float, str))}
+
+
+def pipeline_mismatch(pipeline: Any, expected: Sequence[Piece]) -> str | None:
+    """How ``pipeline``'s pieces differ from ``expected`` (``None``: they do not), pieces that
+    declared :data:`~rllib_ext.sampling_protocol.FUSED_EQUIVALENT` on their own class left out.
+
+    A piece matches by exact class (a subclass may do more) and by its flags, compared with
+    those of the piece RLlib's config would build (e.g. ``NormalizeAndClipActions``'
+    ``normalize_actions`` / ``clip_actions``)."""
+    pieces = [p for p in getattr(pipeline, "connectors", ()) if not fused_equivalent(p)]
+    names = tuple(type(p).__name__ for p in pieces)
+    if len(pieces) != len(expected) or any(
+        type(p) is not cls for p, (cls, _) in zip(pieces, expected, strict=True)
+    ):
+        return f"pieces {names}"
+    for piece, (_, build) in zip(pieces, expected, strict=True):
+        mine, default = _flags(piece), _flags(build())
+        if mine != default:
+            return f"{type(piece).__name__} with {mine} (RLlib's: {default})"
+    return None
 
 
 def per_step_callback(runner: Any) -> str | None:
@@ -91,7 +126,8 @@ class FusedDispatch:
     """False: always RLlib's loop (class or instance attribute; the ``fused_sampling`` setting
     applies too)."""
     fused_fallback_message = "fused sampling off, RLlib's loop runs: %s"
-    """The INFO line logged once per reason (``%s``: the reason)."""
+    """The warning (:class:`FusedSamplingFallback`) given once per runner and reason (``%s``:
+    the reason)."""
 
     fused: _Sampler
     config: Any
@@ -100,8 +136,7 @@ class FusedDispatch:
         self.fused = sampler
         """The fused loop and the episodes it carries between calls."""
         self._fused_last = False
-        self._fallbacks_logged: set[str] = set()
-        self._unfused_outputs: str | None = None
+        self._fallbacks_warned: set[str] = set()
         settings = ExtensionSettings.from_learner_config_dict(self.config.learner_config_dict)
         self._fused_setting_off = not settings.sampling.fused_sampling
 
@@ -110,8 +145,12 @@ class FusedDispatch:
         """Whether the last ``sample()`` ran the fused loop."""
         return self._fused_last
 
-    def fused_rule(self, *, num_timesteps: int | None, random_actions: bool) -> str | None:
-        """Why the fused loop cannot reproduce RLlib's for this call (``None``: it can)."""
+    def fused_rule(
+        self, *, num_timesteps: int | None, random_actions: bool, explore: bool | None = None
+    ) -> str | None:
+        """Why the fused loop cannot reproduce RLlib's for this call (``None``: it can;
+        ``explore`` ``None``: the config's). Decides without side effects: no env reset, no RNG
+        draw, no callback."""
         raise NotImplementedError
 
     def fused_sample(
@@ -137,8 +176,9 @@ class FusedDispatch:
         why_not = (
             "fused_sampling=False"
             if self._fused_setting_off or not self.fused_sampling
-            else self._unfused_outputs
-            or self.fused_rule(num_timesteps=num_timesteps, random_actions=random_actions)
+            else self.fused_rule(
+                num_timesteps=num_timesteps, random_actions=random_actions, explore=explore
+            )
         )
         if why_not is None:
             self._fused_last = True
@@ -149,10 +189,6 @@ class FusedDispatch:
                     explore=explore,
                     force_reset=force_reset,
                 )
-            except UnfusedModuleOutputs as err:  # the first forward: RLlib's loop instead
-                self._unfused_outputs = why_not = str(err)
-                self.fused.drop()
-                force_reset = True
             except BaseException:
                 self.fused.drop()  # a step may be half recorded: the next call resets
                 raise
@@ -160,11 +196,7 @@ class FusedDispatch:
             self.fused.drop()
             force_reset = True
         self._fused_last = False
-        if why_not in self._fallbacks_logged:
-            logger.debug(self.fused_fallback_message, why_not)
-        else:  # once per reason, e.g. a recurrent module
-            self._fallbacks_logged.add(why_not)
-            logger.info(self.fused_fallback_message, why_not)
+        self._announce_fallback(why_not)
         rllib_sample = cast(Any, super())._sample  # RLlib's runner, after this mixin
         result: list[Any] = rllib_sample(
             num_timesteps=num_timesteps,
@@ -174,3 +206,15 @@ class FusedDispatch:
             force_reset=force_reset,
         )
         return result
+
+    def _announce_fallback(self, why_not: str) -> None:
+        """A :class:`FusedSamplingFallback` warning once per runner and reason (repeats: DEBUG).
+        What the caller chose (``fused_sampling=False``, random actions) is logged at INFO."""
+        if why_not in self._fallbacks_warned:
+            logger.debug(self.fused_fallback_message, why_not)
+            return
+        self._fallbacks_warned.add(why_not)
+        if why_not in _CHOSEN:  # nothing to fix
+            logger.info(self.fused_fallback_message, why_not)
+            return
+        warnings.warn(self.fused_fallback_message % why_not, FusedSamplingFallback, stacklevel=2)

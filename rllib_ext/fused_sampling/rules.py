@@ -1,45 +1,72 @@
 """When the fused single-agent loop is exact: the one selection rule, :func:`why_not_fused`.
 
 The loop does what RLlib's default connector pipelines do, directly, which is exact for: the
-default env-to-module / module-to-env pipelines (plus pieces that declared themselves
-fused-equivalent, :mod:`rllib_ext.sampling_protocol`), a vector env with gymnasium's next-step
-autoreset, a stateless RLModule on the CPU that returns no actions of its own, a ``Box``
-observation space, a ``Box`` or ``Discrete`` action space, no per-step episode callbacks, policy
-(not random) actions and numpy'd episodes. Both sampling modes (time steps, episodes) are
-covered. The checks every fused loop makes are in :mod:`.common`.
+default env-to-module / module-to-env pipelines, piece by piece of RLlib's own classes with the
+flags RLlib's config gives them (plus pieces whose own class declared itself fused-equivalent,
+:mod:`rllib_ext.sampling_protocol`), a vector env with gymnasium's next-step autoreset, a
+stateless RLModule on the CPU, a ``Box`` observation space, a ``Box`` or ``Discrete`` action
+space, no per-step episode callbacks, policy (not random) actions and numpy'd episodes. Any
+dict of module outputs is handled as RLlib's pieces handle it (module-computed ``actions``,
+nested extra outputs), and any ``episode_lookback_horizon``. Both sampling modes (time steps,
+episodes) are covered. The rule reads the runner only: no reset, no RNG draw, no callback. The
+checks every fused loop makes are in :mod:`.common`.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import gymnasium as gym
-from ray.rllib.core.columns import Columns
+from ray.rllib.connectors.common import (
+    AddObservationsFromEpisodesToBatch,
+    AddStatesFromEpisodesToBatch,
+    AddTimeDimToBatchAndZeroPad,
+    BatchIndividualItems,
+    NumpyToTensor,
+    TensorToNumpy,
+)
+from ray.rllib.connectors.module_to_env import (
+    GetActions,
+    ListifyDataForVectorEnv,
+    NormalizeAndClipActions,
+    RemoveSingleTsTimeRankFromBatch,
+    UnBatchToIndividualItems,
+)
 
 from rllib_ext import _rllib_private as private
-from rllib_ext.fused_sampling.common import per_step_callback, pipeline_piece_names
+from rllib_ext.fused_sampling.common import Piece, per_step_callback, pipeline_mismatch
 
-__all__ = ["DEFAULT_ENV_TO_MODULE", "DEFAULT_MODULE_TO_ENV", "UNFUSED_OUTPUTS", "why_not_fused"]
+__all__ = ["default_env_to_module", "default_module_to_env", "why_not_fused"]
 
-DEFAULT_ENV_TO_MODULE = (
-    "AddObservationsFromEpisodesToBatch",
-    "AddTimeDimToBatchAndZeroPad",
-    "AddStatesFromEpisodesToBatch",
-    "BatchIndividualItems",
-    "NumpyToTensor",
-)
-"""``SingleAgentEnvRunner``'s default env-to-module pieces, in order."""
-DEFAULT_MODULE_TO_ENV = (
-    "GetActions",
-    "TensorToNumpy",
-    "UnBatchToIndividualItems",
-    "RemoveSingleTsTimeRankFromBatch",
-    "NormalizeAndClipActions",
-    "ListifyDataForVectorEnv",
-)
-"""``SingleAgentEnvRunner``'s default module-to-env pieces, in order."""
-UNFUSED_OUTPUTS = frozenset({Columns.ACTIONS, Columns.ACTIONS_FOR_ENV, Columns.STATE_OUT})
-"""Module outputs the fused loop leaves to RLlib's loop (found by the first forward of a call)."""
+
+def default_env_to_module() -> tuple[Piece, ...]:
+    """``SingleAgentEnvRunner``'s default env-to-module pieces, in order, as RLlib's config
+    builds them."""
+    return (
+        (AddObservationsFromEpisodesToBatch, AddObservationsFromEpisodesToBatch),
+        (AddTimeDimToBatchAndZeroPad, AddTimeDimToBatchAndZeroPad),
+        (AddStatesFromEpisodesToBatch, AddStatesFromEpisodesToBatch),
+        (BatchIndividualItems, partial(BatchIndividualItems, multi_agent=False)),
+        (NumpyToTensor, NumpyToTensor),
+    )
+
+
+def default_module_to_env(config: Any) -> tuple[Piece, ...]:
+    """``SingleAgentEnvRunner``'s default module-to-env pieces for ``config``, in order."""
+    normalize = partial(
+        NormalizeAndClipActions,
+        normalize_actions=config.normalize_actions,
+        clip_actions=config.clip_actions,
+    )
+    return (
+        (GetActions, GetActions),
+        (TensorToNumpy, TensorToNumpy),
+        (UnBatchToIndividualItems, UnBatchToIndividualItems),
+        (RemoveSingleTsTimeRankFromBatch, RemoveSingleTsTimeRankFromBatch),
+        (NormalizeAndClipActions, normalize),
+        (ListifyDataForVectorEnv, ListifyDataForVectorEnv),
+    )
 
 
 def why_not_fused(runner: Any, *, random_actions: bool) -> str | None:
@@ -50,10 +77,12 @@ def why_not_fused(runner: Any, *, random_actions: bool) -> str | None:
         return "random actions"
     if module is None:
         return "no RLModule"
-    if pipeline_piece_names(private.env_to_module(runner)) != DEFAULT_ENV_TO_MODULE:
-        return "custom env-to-module connectors"
-    if pipeline_piece_names(private.module_to_env(runner)) != DEFAULT_MODULE_TO_ENV:
-        return "custom module-to-env connectors"
+    mismatch = pipeline_mismatch(private.env_to_module(runner), default_env_to_module())
+    if mismatch is not None:
+        return f"custom env-to-module connectors: {mismatch}"
+    mismatch = pipeline_mismatch(private.module_to_env(runner), default_module_to_env(config))
+    if mismatch is not None:
+        return f"custom module-to-env connectors: {mismatch}"
     if not config.episodes_to_numpy:
         return "episodes_to_numpy=False"
     if module.is_stateful():

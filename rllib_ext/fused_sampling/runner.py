@@ -4,8 +4,8 @@ Selected by :func:`use_fused_single_agent_runner` (from ``rllib_ext.PPOConfig``'
 settings) for single-agent configs with ``fused_sampling=True`` (the default) where the user
 chose no env-runner class. Each ``sample()`` runs :class:`~.sampler.FusedSampler` where
 :func:`~.rules.why_not_fused` finds no reason against it, else RLlib's own loop over the same
-vector env, with one INFO line per reason; ``env_runners/fused_sampling`` is 1 when the last
-``sample()`` ran fused. ``amp_inference`` is supported (:class:`~rllib_ext.env_runners.
+vector env, with one warning per runner and reason (``FusedSamplingFallback``);
+``env_runners/fused_sampling`` is 1 when the last ``sample()`` ran fused. ``amp_inference`` is supported (:class:`~rllib_ext.env_runners.
 AMPInference`). Switching between the two loops resets the envs (each keeps its own episodes).
 """
 
@@ -80,7 +80,9 @@ class FusedSingleAgentEnvRunner(FusedDispatch, AMPInference, SingleAgentEnvRunne
             fused.drop()
 
     @override(FusedDispatch)
-    def fused_rule(self, *, num_timesteps: int | None, random_actions: bool) -> str | None:
+    def fused_rule(
+        self, *, num_timesteps: int | None, random_actions: bool, explore: bool | None = None
+    ) -> str | None:
         return why_not_fused(self, random_actions=random_actions)
 
     @override(FusedDispatch)

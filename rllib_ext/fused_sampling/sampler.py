@@ -24,6 +24,7 @@ from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 from rllib_ext import _rllib_private as private
 from rllib_ext.fused_sampling.chunks import build_chunk
 from rllib_ext.fused_sampling.common import call_on_episode_end
+from rllib_ext.fused_sampling.metrics import log_connector_metrics
 from rllib_ext.fused_sampling.policy import act
 from rllib_ext.fused_sampling.tracks import StepLog, Track
 
@@ -41,6 +42,8 @@ class FusedSampler:
         """``bool [N]``: the env's episode ended; its next step returns the reset observation."""
         self.observations: np.ndarray | None = None
         """The envs' last observations ``[N, ...]`` (the next forward's input)."""
+        self.ended_len: dict[int, tuple[int, int]] = {}
+        """This call, per env: ``(log length, episode length)`` when its last episode ended."""
 
     @property
     def active(self) -> bool:
@@ -64,6 +67,7 @@ class FusedSampler:
         continued chunk per running episode."""
         runner = self.runner
         log = StepLog()
+        self.ended_len = {}
         if (
             force_reset
             or num_episodes is not None
@@ -76,6 +80,13 @@ class FusedSampler:
         done: list[SingleAgentEpisode] = []
         with _eval_mode(runner.module):
             ts = self._loop(log, done, num_timesteps, num_episodes, explore=explore)
+        log_connector_metrics(
+            runner,
+            forwards=len(log.timing),
+            to_module_s=sum(t[0] for t in log.timing),
+            to_env_s=sum(t[1] for t in log.timing),
+            episodes_length=self._episodes_length(log),
+        )
         private.done_episodes_for_metrics(runner).extend(done)
         ongoing: list[SingleAgentEpisode] = []
         if num_timesteps is not None:
@@ -118,6 +129,7 @@ class FusedSampler:
             log.rewards.append(rewards)
             log.extra.append(step.extra)
             log.weights_seq_no.append(step.weights_seq_no)
+            log.timing.append((step.to_module_s, step.to_env_s))
             now = time.perf_counter()
             log.times.append(now)
             self.observations = observations
@@ -140,12 +152,25 @@ class FusedSampler:
                     truncated=bool(truncateds[i]),
                 )
                 call_on_episode_end(runner, episode, env_index=int(i), env=runner.env.unwrapped)
-                done.append(episode)
+                done.append(episode.to_numpy())  # RLlib: the callback, then numpy
+                self.ended_len[int(i)] = (s + 1, len(episode))
                 tracks[i] = Track()
                 awaiting[i] = True
                 if num_episodes is not None and eps >= num_episodes:
                     break
         return ts
+
+    def _episodes_length(self, log: StepLog) -> int:
+        """The summed length of the envs' episode chunks after the call's last step (an
+        episode that ended on it counted whole), as RLlib's last env-to-module run saw them."""
+        total = 0
+        for i, track in enumerate(self.tracks or ()):
+            at, length = self.ended_len.get(i, (-1, 0))
+            if at == len(log):
+                total += length
+            elif track.is_reset:
+                total += track.steps(log)
+        return total
 
     def _reset(self, log: StepLog) -> None:
         """RLlib's ``_reset_envs_and_episodes``: new episodes, the envs reset (seeded on the
@@ -176,7 +201,7 @@ class FusedSampler:
             if track.t_started + steps > 0:
                 chunk = self._chunk(track, log, items, terminated=False, truncated=False)
                 private.ongoing_episodes_for_metrics(runner)[chunk.id_].append(chunk)
-                ongoing.append(chunk)
+                ongoing.append(chunk.to_numpy())
             tracks[i] = track.continuation(items, steps, lookback)
         return ongoing
 

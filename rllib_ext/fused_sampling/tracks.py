@@ -16,6 +16,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import tree
 from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO as WEIGHTS
 
 __all__ = ["StepLog", "Track"]
@@ -25,8 +27,10 @@ __all__ = ["StepLog", "Track"]
 class StepLog:
     """One call's vector steps: per step the envs' ``obs`` ``[N, ...]`` (after the step),
     ``infos`` (``N`` dicts), ``actions`` ``[N, ...]`` (as episodes store them), ``rewards``
-    ``[N]``, ``extra`` (column -> ``[N, ...]``: the module's outputs and ``action_logp``),
-    the ``weights_seq_no`` the actions were computed with and ``times`` (``perf_counter``)."""
+    ``[N]``, ``extra`` (column -> ``[N, ...]`` or a nested dict of those: the module's outputs
+    and ``action_logp``),
+    the ``weights_seq_no`` the actions were computed with, ``times`` (``perf_counter``) and
+    ``timing`` (the policy step's seconds on the env-to-module / module-to-env work)."""
 
     obs: list[Any] = field(default_factory=list)
     infos: list[Any] = field(default_factory=list)
@@ -35,6 +39,7 @@ class StepLog:
     extra: list[dict[str, Any]] = field(default_factory=list)
     weights_seq_no: list[int] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
+    timing: list[tuple[float, float]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.obs)
@@ -82,7 +87,7 @@ class Track:
         steps = range(self.first, len(log) if self.end is None else self.end)
         columns = log.extra[steps[0]].keys() if steps else self.head_extra.keys() - {WEIGHTS}
         extra = {
-            key: self.head_extra.get(key, []) + [log.extra[s][key][env] for s in steps]
+            key: self.head_extra.get(key, []) + [_row(log.extra[s][key], env) for s in steps]
             for key in columns
         }
         if steps or WEIGHTS in self.head_extra:
@@ -107,10 +112,10 @@ class Track:
 
     def continuation(self, items: dict[str, Any], steps: int, lookback: int) -> Track:
         """The next chunk of this running episode, like ``cut(len_lookback_buffer=lookback)``:
-        it starts at this chunk's last observation, with up to ``lookback`` of this chunk's
-        ``steps`` (never its own lookback) before it; its own steps start at the next log.
-        ``items``: this chunk's :meth:`items`."""
-        keep = min(lookback, steps)
+        it starts at this chunk's last observation, with up to ``lookback`` steps before it,
+        this chunk's own lookback included (as RLlib's ``cut`` reaches into it); its own steps
+        start at the next log. ``items``: this chunk's :meth:`items`."""
+        keep = min(lookback, len(items["actions"]))
         rest = slice(len(items["actions"]) - keep, None)
         return Track(
             episode_id=self.episode_id,
@@ -122,3 +127,11 @@ class Track:
             head_rewards=items["rewards"][rest],
             head_extra={key: values[rest] for key, values in items["extra_model_outputs"].items()},
         )
+
+
+def _row(value: Any, env: int) -> Any:
+    """Env ``env``'s row of a batched column (an array, or a nested dict of arrays, as RLlib's
+    ``UnBatchToIndividualItems`` splits it)."""
+    if isinstance(value, np.ndarray):
+        return value[env]
+    return tree.map_structure(lambda leaf: leaf[env], value)

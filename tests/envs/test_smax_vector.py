@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from collections import defaultdict
 
 import numpy as np
@@ -594,14 +595,17 @@ def test_fused_sampling_falls_back_where_it_cannot_be_exact():
 
 
 def test_module_with_extra_outputs_samples_on_rllibs_loop_and_keeps_them():
-    """A module that also returns VF_PREDS: the first fused forward hands the call to RLlib's
-    loop, which keeps the column in the episodes (the fused loop would drop it); later calls
-    go there directly."""
+    """A module that also returns VF_PREDS: the rule's dry forward finds it before any side
+    effect (no reset, RNG states restored), so RLlib's loop starts from the seeded state it
+    would start from with fused sampling off, and keeps the column in the episodes."""
     import torch
     from ray.rllib.core.columns import Columns
     from ray.rllib.core.rl_module.multi_rl_module import MultiRLModuleSpec
     from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
+    from rllib_ext import _rllib_private as private
+    from rllib_ext.envs.smac.sampling import why_not_fused
+    from rllib_ext.fused_sampling import FusedSamplingFallback
     from rllib_ext.modules import MaskedPPOTorchRLModule
 
     class _WithValues(MaskedPPOTorchRLModule):
@@ -616,10 +620,31 @@ def test_module_with_extra_outputs_samples_on_rllibs_loop_and_keeps_them():
     config = _config(num_envs=2, seed=0).rl_module(rl_module_spec=spec)
     config.validate()
     runner = SMAXVectorEnvRunner(config=config)
-    for _ in range(2):
-        episodes = runner.sample(num_timesteps=16, explore=True)
+    reference = SMAXVectorEnvRunner(config=config.copy().training(fused_sampling=False))
+    reference.module.set_state(runner.module.get_state())
+    torch.manual_seed(3)
+    rng = torch.get_rng_state()
+    reason = why_not_fused(runner, num_timesteps=16, random_actions=False, explore=True)
+    assert reason is not None and "vf_preds" in reason
+    assert private.needs_initial_reset(runner) and torch.equal(rng, torch.get_rng_state())
+    for call in range(2):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.manual_seed(call)
+            episodes = runner.sample(num_timesteps=16, explore=True)
+        fallbacks = [w for w in caught if issubclass(w.category, FusedSamplingFallback)]
+        assert len(fallbacks) == (1 if call == 0 else 0)
+        torch.manual_seed(call)
+        expected = reference.sample(num_timesteps=16, explore=True)
         assert runner.get_metrics()["smax_fused_sampling"].peek() == 0.0
-        for ep in episodes:
-            for sa in ep.agent_episodes.values():
+        assert len(episodes) == len(expected)
+        for ep, ref_ep in zip(episodes, expected, strict=True):
+            for agent, sa in ep.agent_episodes.items():
                 assert Columns.VF_PREDS in sa.extra_model_outputs
+                ref_sa = ref_ep.agent_episodes[agent]
+                np.testing.assert_array_equal(
+                    sa.observations.data["observations"], ref_sa.observations.data["observations"]
+                )
+                np.testing.assert_array_equal(sa.actions.data, ref_sa.actions.data)
     runner.stop()
+    reference.stop()

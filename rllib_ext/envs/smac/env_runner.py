@@ -82,8 +82,8 @@ class SMAXVectorEnvRunner(FusedDispatch, AMPInference, MultiAgentEnvRunner):
     sampling runs as arrays (:class:`~rllib_ext.envs.smac.sampling.FusedSampler`) wherever
     :func:`~rllib_ext.envs.smac.sampling.why_not_fused` finds no reason against it; otherwise,
     and for episode-count sampling (evaluation), RLlib's own loop runs over the same vector env,
-    with one INFO line per reason. ``env_runners/smax_fused_sampling`` is 1 when the last
-    ``sample()`` took the fused path.
+    with one warning per runner and reason (``FusedSamplingFallback``).
+    ``env_runners/smax_fused_sampling`` is 1 when the last ``sample()`` took the fused path.
     """
 
     fused_fallback_message = (
@@ -162,8 +162,12 @@ class SMAXVectorEnvRunner(FusedDispatch, AMPInference, MultiAgentEnvRunner):
         return episodes
 
     @override(FusedDispatch)
-    def fused_rule(self, *, num_timesteps: int | None, random_actions: bool) -> str | None:
-        return why_not_fused(self, num_timesteps=num_timesteps, random_actions=random_actions)
+    def fused_rule(
+        self, *, num_timesteps: int | None, random_actions: bool, explore: bool | None = None
+    ) -> str | None:
+        return why_not_fused(
+            self, num_timesteps=num_timesteps, random_actions=random_actions, explore=explore
+        )
 
     @override(FusedDispatch)
     def fused_sample(

@@ -10,6 +10,7 @@ observations / masks / states as CPU tensors (``AddObservationsFromEpisodesToBat
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import numpy as np
@@ -22,12 +23,14 @@ from ray.rllib.utils.numpy import convert_to_numpy
 from rllib_ext import _rllib_private as private
 from rllib_ext.env_runners import to_float32
 from rllib_ext.envs.smac.battles import SMAXBatch
-from rllib_ext.envs.smac.sampling.rules import FUSED_MODULE_OUTPUTS
 from rllib_ext.envs.smac.sampling.tracks import ActionRecord
 from rllib_ext.fused_sampling.common import UnfusedModuleOutputs
 from rllib_ext.sampling_protocol import sample_phase
 
-__all__ = ["initial_state_rows", "policy_step"]
+__all__ = ["FUSED_MODULE_OUTPUTS", "initial_state_rows", "policy_step", "probe_outputs"]
+
+FUSED_MODULE_OUTPUTS = frozenset({Columns.ACTION_DIST_INPUTS, Columns.STATE_OUT})
+"""What the fused loop turns into episode data (RLlib's loop keeps any other output too)."""
 
 
 def policy_step(
@@ -80,7 +83,10 @@ def policy_step(
         module_out = to_float32(out[module_id])
         extra = module_out.keys() - FUSED_MODULE_OUTPUTS
         if extra:  # RLlib would keep them in the episodes; this loop has no place for them
-            raise UnfusedModuleOutputs(f"the RLModule also outputs {sorted(extra)}")
+            raise UnfusedModuleOutputs(
+                f"the RLModule also outputs {sorted(extra)} (the fused SMAX loop records "
+                f"{sorted(FUSED_MODULE_OUTPUTS)} only). Fix: fused_sampling=False."
+            )
         logits = module_out[Columns.ACTION_DIST_INPUTS]
         if stateful:
             logits = logits[:, 0]
@@ -98,6 +104,44 @@ def policy_step(
         state_out=convert_to_numpy(module_out[Columns.STATE_OUT]) if stateful else None,
         weights_seq_no=private.weights_seq_no(runner),
     )
+
+
+def probe_outputs(runner: Any, module_id: str, *, explore: bool) -> set[str]:
+    """The output columns of ``runner.module[module_id]`` for one battle's agents, from a dry
+    forward on a placeholder batch (zero observations and states, every action available), so
+    the rule decides before any side effect: torch's, numpy's and Python's global RNG states
+    are restored afterwards, no metric is logged and the envs are not touched."""
+    rl_module = runner.module[module_id]
+    vector = runner.vector_env
+    agents = vector.possible_agents
+    space = vector.single_observation_spaces[agents[0]]
+    obs = {
+        key: torch.from_numpy(
+            (np.ones if key == "action_mask" else np.zeros)(
+                (len(agents), *box.shape), dtype=box.dtype
+            )
+        )
+        for key, box in space.spaces.items()
+    }
+    inputs: dict[str, Any] = {Columns.OBS: obs}
+    if rl_module.is_stateful():
+        inputs[Columns.OBS] = {k: v.unsqueeze(1) for k, v in obs.items()}
+        state = initial_state_rows(rl_module, np.ones(len(agents), dtype=bool), None)
+        inputs[Columns.STATE_IN] = tree.map_structure(torch.from_numpy, state)
+    np_state, py_state = np.random.get_state(), random.getstate()
+    was_training = rl_module.training
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            rl_module.eval()
+            if explore:
+                out = runner.module.forward_exploration({module_id: inputs}, t=0)
+            else:
+                out = runner.module.forward_inference({module_id: inputs})
+    finally:
+        np.random.set_state(np_state)
+        random.setstate(py_state)
+        rl_module.train(was_training)
+    return set(out[module_id].keys())
 
 
 def initial_state_rows(rl_module: Any, reset_rows: np.ndarray, state: Any) -> Any:
