@@ -32,6 +32,7 @@ __all__ = [
     "check_number",
     "field_specs",
     "is_allowed",
+    "near_miss",
     "unknown_keys_error",
 ]
 
@@ -150,6 +151,27 @@ def unknown_keys_error(
     return ValueError(
         f"Unknown {what}: {', '.join(hints)}. Allowed keys: {', '.join(allowed)}. Fix: {fix}"
     )
+
+
+NEAR_MISS_CUTOFF = 0.8
+"""``difflib`` ratio from which a key reads as a misspelling of a known one."""
+
+
+def near_miss(key: str, known: Sequence[str]) -> str | None:
+    """The known key that ``key`` most likely misspells, or ``None`` for a key of its own.
+
+    A misspelling: the same key up to case and ``-``/``_``, two neighbouring characters
+    swapped (``gea``), or a ``difflib`` ratio >= :data:`NEAR_MISS_CUTOFF` (``grad_compresion``).
+    Keys far from every known one (RLlib's example keys ``regularizer_coeff``, ``lr_vf``) are not.
+    """
+    text = str(key)
+    norm = text.lower().replace("-", "_")
+    swaps = {norm[:i] + norm[i + 1] + norm[i] + norm[i + 2 :] for i in range(len(norm) - 1)}
+    for name in known:
+        if norm == name or name in swaps:
+            return name
+    close = difflib.get_close_matches(norm, list(known), n=1, cutoff=NEAR_MISS_CUTOFF)
+    return close[0] if close else None
 
 
 def check_known_keys(keys: Iterable[Any], allowed: Sequence[str], *, what: str, fix: str) -> None:

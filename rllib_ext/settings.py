@@ -37,6 +37,7 @@ from rllib_ext._validation import (
     check_fields,
     check_known_keys,
     field_specs,
+    near_miss,
 )
 
 __all__ = [
@@ -325,14 +326,28 @@ class ExtensionSettings:
     ) -> ExtensionSettings:
         """Reads the extension keys out of an RLlib ``learner_config_dict``.
 
-        Keys starting with ``_`` or ``user_`` are left to the user's own learner code;
-        every other key must be an extension key.
+        Every other key belongs to the user's own learner code (RLlib's documented
+        ``.learners(learner_config_dict={...})``) and is left alone, except a near-miss of an
+        extension key (``grad_compresion``, see :func:`~rllib_ext._validation.near_miss`).
+        Keys starting with ``_`` or ``user_`` are never read.
+
+        Raises:
+            ValueError: a bad value, or a key that misspells an extension key.
         """
-        flat = {
-            k: v
-            for k, v in (learner_config_dict or {}).items()
-            if not (str(k).startswith("_") or str(k).startswith("user_"))
-        }
+        known = extension_keys()
+        flat: dict[str, Any] = {}
+        for key, value in (learner_config_dict or {}).items():
+            if key in known or key in REMOVED_KEYS:
+                flat[key] = value
+            elif not str(key).startswith(("_", "user_")):
+                close = near_miss(str(key), known)
+                if close is not None:
+                    raise ValueError(
+                        f"Unknown rllib_ext setting in learner_config_dict: {key!r} (did you "
+                        f"mean {close!r}?); rllib_ext keys: {', '.join(known)} (other keys pass "
+                        f"through to your learner). Fix: use {close!r}, or give your own key a "
+                        f"name apart from ours (e.g. 'user_{key}')."
+                    )
         return cls.from_flat(flat, where="learner_config_dict")
 
     def to_flat(self) -> dict[str, Any]:
