@@ -9,15 +9,24 @@ smax       ``"smax"``                       JaxMARL's SMAX, never StarCraft II
 =========  ===============================  ==========================================
 
 ``env_config`` keys override the defaults (``{"backend": "smacv2"}`` forces the game).
+
+A name the user registered first stays the user's: :func:`register_envs` only takes free names
+(or ones holding its own creator), and :func:`is_smac_env` answers for the env a name runs, so a
+user's env registered as ``"smax"`` gets none of rllib_ext's SMAC handling.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["SMAC_ENV_DEFAULTS", "is_smac_env", "make_smac_env", "register_envs"]
+from rllib_ext import _rllib_private as private
+
+__all__ = ["SMAC_ENV_DEFAULTS", "is_smac_env", "make_smac_env", "names_our_env", "register_envs"]
+
+logger = logging.getLogger(__name__)
 
 SMAC_ENV_DEFAULTS: dict[str, dict[str, Any]] = {
     "smac_v2": {"backend": "auto", "prefer_sc2": "smacv2"},
@@ -42,8 +51,27 @@ def make_smac_env(name: str, env_config: Mapping[str, Any] | None = None) -> Any
     return SMACEnv(merged)
 
 
+_kept_user_names: set[str] = set()
+"""Names :func:`register_envs` found taken by the user (logged once each)."""
+
+
+def _is_our_creator(creator: Any) -> bool:
+    return isinstance(creator, functools.partial) and creator.func is make_smac_env
+
+
+def names_our_env(name: str) -> bool:
+    """Whether the env name ``name`` runs rllib_ext's SMAC env: one of :data:`SMAC_ENV_DEFAULTS`
+    that holds our creator in Ray's env registry, or nothing yet (:func:`register_envs` takes
+    it). ``False`` where the user registered their own env under the name."""
+    if name not in SMAC_ENV_DEFAULTS:
+        return False
+    creator = private.registered_env_creator(name)
+    return creator is None or _is_our_creator(creator)
+
+
 def register_envs() -> None:
-    """Registers ``smac_v2``, ``smac`` and ``smax`` with Ray Tune's env registry.
+    """Registers ``smac_v2``, ``smac`` and ``smax`` with Ray Tune's env registry where the name is
+    free (or already ours); a name the user registered is left as it is (logged once).
 
     Cheap and idempotent: it imports no backend (the creators import lazily, in the process
     that builds the env).
@@ -51,13 +79,22 @@ def register_envs() -> None:
     from ray.tune.registry import register_env  # lazy: keeps Ray out of import rllib_ext
 
     for name in SMAC_ENV_DEFAULTS:
-        register_env(name, functools.partial(make_smac_env, name))
+        if names_our_env(name):
+            register_env(name, functools.partial(make_smac_env, name))
+        elif name not in _kept_user_names:
+            _kept_user_names.add(name)
+            logger.info(
+                "env name %r is registered by you: rllib_ext keeps your env under it (its SMAC "
+                "env stays reachable as rllib_ext.envs.smac.SMACEnv).",
+                name,
+            )
 
 
 def is_smac_env(env: Any) -> bool:
-    """True for the registered SMAC names, ``SMACEnv`` (or a subclass) and its class path."""
+    """True for rllib_ext's SMAC env: ``SMACEnv`` (or a subclass), its class path, and the
+    registered names while they hold our creator (:func:`names_our_env`)."""
     if isinstance(env, str):
-        return env in SMAC_ENV_DEFAULTS or env in _SMAC_CLASSPATHS
+        return env in _SMAC_CLASSPATHS or names_our_env(env)
     if isinstance(env, type):
         from rllib_ext.envs.smac.env import SMACEnv  # lazy: keeps Ray out of --help
 
