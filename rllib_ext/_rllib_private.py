@@ -32,6 +32,7 @@ __all__ = [
     "learner_index",
     "learner_param",
     "log_env_steps_sampled",
+    "metrics_state_stats",
     "mark_loss_mask_added",
     "missing_private_names",
     "module_to_env",
@@ -49,6 +50,7 @@ __all__ = [
     "cpu_has_avx512_bf16",
     "user_model_config",
     "weights_seq_no",
+    "with_metrics_state_stats",
 ]
 
 _LEARNER = "ray.rllib.core.learner.learner:Learner"
@@ -144,6 +146,12 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         _CONFIG, "_torch_lr_scheduler_classes", "attribute", "learners/ppo.py: lean update"
     ),
     PrivateName("ray.tune.registry", "_global_registry", "attribute", "envs: registered envs"),
+    PrivateName(
+        "ray.rllib.utils.metrics.metrics_logger:MetricsLogger",
+        "stats",
+        "state_key",
+        "learners/checkpoint_state.py: our metrics apart from RLlib's",
+    ),
     PrivateName("ray._raylet:Config", "initialize", "method", "cli/ray_auth.py: RAY_AUTH_MODE"),
     PrivateName("torch", "_foreach_norm", "function", "learners/lean.py: clipping"),
     PrivateName("torch", "_foreach_mul_", "function", "learners/lean.py: clipping"),
@@ -365,6 +373,16 @@ def registered_env_creator(name: str) -> Any:
     if not _global_registry.contains(ENV_CREATOR, name):
         return None
     return _global_registry.get(ENV_CREATOR, name)
+
+
+def metrics_state_stats(metrics_state: Mapping[str, Any]) -> dict[str, Any]:
+    """``MetricsLogger.get_state()``'s stats by flat key (the key path joined by ``"--"``)."""
+    return dict(metrics_state.get("stats", {}))
+
+
+def with_metrics_state_stats(metrics_state: Mapping[str, Any], stats: Any) -> dict[str, Any]:
+    """``metrics_state`` with its stats replaced by ``stats`` (flat keys, as read)."""
+    return {**metrics_state, "stats": dict(stats)}
 
 
 def reload_ray_config() -> None:

@@ -17,9 +17,11 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.algorithms.ppo import PPO as _RLlibPPO
 from ray.rllib.algorithms.ppo import PPOConfig as _RLlibPPOConfig
+from ray.rllib.core import COMPONENT_METRICS_LOGGER
 from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 from ray.rllib.models.catalog import MODEL_DEFAULTS
 from ray.rllib.utils.annotations import override
@@ -28,11 +30,15 @@ from rllib_ext import _rllib_private as private
 from rllib_ext.compat.algorithm import LegacyAlgorithmMixin
 from rllib_ext.compat.config import LegacyAPIMixin
 from rllib_ext.compat.training_kwargs import split_extension_kwargs
-from rllib_ext.config_checks import amp_env_runner_class, check_algorithm_config, check_rates
-from rllib_ext.env_runners import supports_amp_inference
+from rllib_ext.config_checks import check_algorithm_config, check_rates
 from rllib_ext.envs import register_envs
-from rllib_ext.fused_sampling import use_fused_single_agent_runner
+from rllib_ext.learners.checkpoint_state import (
+    METRICS_STATE_KEY,
+    merged_metrics_state,
+    split_metrics_state,
+)
 from rllib_ext.learners.ppo import PPOExtTorchLearner
+from rllib_ext.runner_table import apply_env_runner_table
 from rllib_ext.settings import ExtensionSettings, extension_keys
 from rllib_ext.smac_config import apply_smac_defaults, smac_default_rl_module_spec
 
@@ -172,29 +178,19 @@ class PPOConfig(LegacyAPIMixin, _RLlibPPOConfig):
     callbacks = _then_apply_derived("callbacks")
     learners = _then_apply_derived("learners")
     env_runners = _then_apply_derived("env_runners")
+    offline_data = _then_apply_derived("offline_data")
     update_from_dict = _then_apply_derived("update_from_dict")
 
     def _apply_derived_settings(self) -> None:
         """Fills in what the flags imply; idempotent, explicit user choices are kept.
 
         * SMAC env: shared policy + SMAC metrics callback (:mod:`rllib_ext.smac_config`);
-        * single-agent with ``fused_sampling=True``: :class:`~rllib_ext.fused_sampling.
-          FusedSingleAgentEnvRunner` in place of RLlib's default (or the AMP runner);
-        * ``amp_inference=True``: the AMP env runner matching single/multi-agent, in place of
-          RLlib's default or a runner rllib_ext picked (a user's own class is kept and checked
-          by ``validate()``).
+        * the env-runner class, from the one runner table (:mod:`rllib_ext.runner_table`: a
+          user's class and RLlib's offline recording are kept, else the batched SMAX runner,
+          the fused single-agent runner, the AMP runner or RLlib's default).
         """
         apply_smac_defaults(self)
-        use_fused_single_agent_runner(self)
-        if self.learner_config_dict.get("amp_inference") is True:
-            current: Any = self.env_runner_cls  # type: ignore[has-type]
-            # A runner of ours that opted into AMPInference (the SMAX batched runner,
-            # profiling's timing runner) stays; a user's class is checked by validate().
-            if current is None or (
-                current.__module__.startswith("rllib_ext.")
-                and not supports_amp_inference(current, multi_agent=self.is_multi_agent)
-            ):
-                self.env_runner_cls = amp_env_runner_class(self)
+        apply_env_runner_table(self)
 
 
 class PPO(LegacyAlgorithmMixin, _RLlibPPO):
@@ -208,6 +204,25 @@ class PPO(LegacyAlgorithmMixin, _RLlibPPO):
     @override(_RLlibPPO)
     def get_default_config(cls) -> PPOConfig:
         return PPOConfig()
+
+    @override(Algorithm)
+    def get_state(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        state = super().get_state(*args, **kwargs)
+        if COMPONENT_METRICS_LOGGER in state:
+            # Ours apart: stock RLlib restoring this checkpoint must not report them.
+            state[COMPONENT_METRICS_LOGGER], ours = split_metrics_state(
+                state[COMPONENT_METRICS_LOGGER]
+            )
+            state[METRICS_STATE_KEY] = ours
+        return state
+
+    @override(Algorithm)
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        if state.get(METRICS_STATE_KEY):
+            self.metrics.set_state(
+                merged_metrics_state(self.metrics.get_state(), state[METRICS_STATE_KEY])
+            )
 
 
 # `from rllib_ext.config import PPOConfig` registers the SMAC env names like `rllib_ext.PPOConfig`.

@@ -32,16 +32,10 @@ __all__ = [
     "AMPSingleAgentEnvRunner",
     "CastToFloat32",
     "module_device",
-    "REPLACEABLE",
-    "replaceable",
+    "rllib_env_runner_class",
     "supports_amp_inference",
     "to_float32",
 ]
-
-REPLACEABLE = "rllib_ext_replaceable_runner"
-"""Class attribute: ``True`` on a runner that is RLlib's default plus opt-in protocols only, so
-rllib_ext may swap it for another runner of its own that supports the same protocols (the
-SMAX batched runner does). A user's subclass sets nothing and is kept."""
 
 
 def to_float32(x: Any) -> Any:
@@ -105,10 +99,24 @@ def supports_amp_inference(runner_class: type | None, *, multi_agent: bool) -> b
     )
 
 
-def replaceable(runner_class: type | None) -> bool:
-    """``True`` for ``None`` (RLlib's default) and for a class that itself declares
-    :data:`REPLACEABLE` (a user's subclass of it is the user's choice)."""
-    return runner_class is None or bool(vars(runner_class).get(REPLACEABLE, False))
+def rllib_env_runner_class(config: Any) -> type:
+    """The class RLlib's ``EnvRunnerGroup`` picks for ``config`` when ``env_runner_cls`` is
+    ``None`` (Ray 2.58-2.60, new API stack): ``OfflineSingleAgentEnvRunner`` when
+    ``.offline_data(output=...)`` records episodes, else ``MultiAgentEnvRunner`` or
+    ``SingleAgentEnvRunner``.
+
+    Raises:
+        ValueError: multi-agent recording, which RLlib refuses with the same message.
+    """
+    if config.output:
+        if config.is_multi_agent:
+            raise ValueError("Multi-agent recording is not supported, yet.")
+        from ray.rllib.offline.offline_env_runner import (  # lazy: RLlib's offline stack (ray.data)
+            OfflineSingleAgentEnvRunner,
+        )
+
+        return OfflineSingleAgentEnvRunner
+    return MultiAgentEnvRunner if config.is_multi_agent else SingleAgentEnvRunner
 
 
 def module_device(module: Any) -> torch.device:
@@ -129,10 +137,6 @@ def _parameters(module: Any) -> Iterator[torch.Tensor]:
 class AMPSingleAgentEnvRunner(AMPInference, SingleAgentEnvRunner):
     """``SingleAgentEnvRunner`` with ``amp_inference`` support."""
 
-    rllib_ext_replaceable_runner = True  # REPLACEABLE
-
 
 class AMPMultiAgentEnvRunner(AMPInference, MultiAgentEnvRunner):
     """``MultiAgentEnvRunner`` with ``amp_inference`` support."""
-
-    rllib_ext_replaceable_runner = True  # REPLACEABLE

@@ -1,4 +1,5 @@
-"""What ``rllib_ext.PPOConfig`` fills in for a SMAC env (``smac_v2``, ``smac``, ``smax``).
+"""What ``rllib_ext.PPOConfig`` fills in for rllib_ext's SMAC env (``smac_v2``, ``smac``, ``smax``
+while those names hold rllib_ext's env, or the ``SMACEnv`` class).
 
 * policies: one ``"shared_policy"`` for all agents (parameter sharing, the SMAC norm), unless
   the config is already multi-agent;
@@ -42,12 +43,11 @@ def shared_policy_mapping(agent_id: Any, *args: Any, **kwargs: Any) -> str:
 
 
 def apply_smac_defaults(config: Any) -> None:
-    """Shared policy and the SMAC metrics callback for a SMAC env (idempotent, else no-op)."""
+    """Shared policy and the SMAC metrics callback for rllib_ext's SMAC env (idempotent, else
+    no-op; a user's env registered under a SMAC name is not ours: :func:`~rllib_ext.envs.
+    is_smac_env`). The env-runner class is the runner table's (:mod:`rllib_ext.runner_table`)."""
     # lazy: rllib_ext.envs.smac loads the SMAX backend; keeps it out of import rllib_ext.config
     from rllib_ext.envs.smac import SMACMetricsCallback
-    from rllib_ext.envs.smac.env_runner import use_smax_vector_env_runner
-
-    use_smax_vector_env_runner(config)  # SMAX + num_envs_per_env_runner > 1: batched stepping
 
     if not is_smac_env(config.env):
         return

@@ -26,7 +26,9 @@ Graph = dict[str, dict[str, int]]
 # same layer or one below. Names are the units under rllib_ext (a subpackage or a module).
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"cli"}),  # the command: on top, nothing imports it
-    frozenset({"", "config", "compat", "tune", "profiling", "smac_config", "testing"}),
+    frozenset(
+        {"", "config", "compat", "tune", "profiling", "smac_config", "runner_table", "testing"}
+    ),
     # RLlib adapters; config_checks is here because the learner calls it (stock-config route).
     frozenset(
         {"learners", "env_runners", "envs", "modules", "connectors", "config_checks"}

@@ -184,15 +184,16 @@ def _smax_battles(
 ) -> EvaluationResult | str:
     """The batched SMAX evaluation's result, or why it does not apply (then RLlib's runner
     plays the episodes)."""
-    from rllib_ext.envs.smac.env_runner import use_smax_vector_env_runner  # lazy: Ray, torch
     from rllib_ext.envs.smac.evaluation import play_battles  # lazy: torch
     from rllib_ext.fused_sampling.common import UnfusedModuleOutputs  # lazy: Ray
+    from rllib_ext.runner_table import select_env_runner_class  # lazy: Ray, torch
 
     battles_at_once = min(episodes, num_envs or BATCHED_BATTLES)
     config.env_runners(num_env_runners=0, num_envs_per_env_runner=battles_at_once, explore=explore)
-    if battles_at_once < 2 or not use_smax_vector_env_runner(config):
+    choice = select_env_runner_class(config)
+    if battles_at_once < 2 or choice.rule != "smax_batched":
         return "not a multi-agent SMAX env with num_envs > 1"
-    runner = _restored_runner(config, checkpoint, config.env_runner_cls)
+    runner = _restored_runner(config, checkpoint, choice.cls)
     try:
         reason = runner.fused_rule(num_timesteps=1, random_actions=False)
         if reason is not None:

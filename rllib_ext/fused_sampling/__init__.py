@@ -20,7 +20,6 @@ from rllib_ext.fused_sampling.rules import why_not_fused
 from rllib_ext.fused_sampling.runner import (
     FUSED_METRIC,
     FusedSingleAgentEnvRunner,
-    use_fused_single_agent_runner,
 )
 from rllib_ext.fused_sampling.sampler import FusedSampler
 
@@ -29,6 +28,5 @@ __all__ = [
     "FusedSampler",
     "FusedSamplingFallback",
     "FusedSingleAgentEnvRunner",
-    "use_fused_single_agent_runner",
     "why_not_fused",
 ]

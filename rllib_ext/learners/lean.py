@@ -23,18 +23,47 @@ from ray.rllib.utils.torch_utils import clip_gradients as rllib_clip_gradients
 
 from rllib_ext import _rllib_private as private
 
-__all__ = ["adam", "all_finite", "clip_gradients"]
+__all__ = ["adam", "all_finite", "clip_gradients", "keep_lean"]
+
+
+def _flags(params: Iterable[torch.Tensor]) -> dict[str, bool | None]:
+    """``fused=True`` where the device has the kernel (CPU and CUDA float parameters), else
+    ``foreach=True``."""
+    params = list(params)
+    devices = {p.device.type for p in params}
+    if devices <= {"cpu", "cuda"} and all(p.is_floating_point() for p in params):
+        return {"fused": True, "foreach": None}
+    return {"fused": None, "foreach": True}
 
 
 def adam(params: Iterable[torch.Tensor]) -> torch.optim.Adam:
     """``torch.optim.Adam(params)`` with torch's defaults, fused where the device has the kernel
     (CPU and CUDA float parameters), else foreach."""
     params = list(params)
-    devices = {p.device.type for p in params}
-    fused = devices <= {"cpu", "cuda"} and all(p.is_floating_point() for p in params)
-    if fused:
-        return torch.optim.Adam(params, fused=True)
-    return torch.optim.Adam(params, foreach=True)
+    flags = _flags(params)
+    return torch.optim.Adam(params, fused=flags["fused"], foreach=flags["foreach"])
+
+
+def keep_lean(optim: torch.optim.Optimizer) -> bool:
+    """Makes an :func:`adam` optimizer fused/foreach again after ``load_state_dict``.
+
+    torch's ``load_state_dict`` takes the param groups' flags from the saved state: one saved
+    by RLlib's plain Adam (a stock checkpoint) would turn the lean step into the single-tensor
+    loop. Returns whether a flag changed. The fused kernel wants each ``step`` as a float32
+    tensor on the parameter's device, which a non-fused Adam's state need not be.
+    """
+    changed = False
+    for group in optim.param_groups:
+        flags = _flags(group["params"])
+        if any(group.get(k) != v for k, v in flags.items()):
+            group.update(flags)
+            changed = True
+        if flags["fused"]:
+            for param in group["params"]:
+                step = optim.state.get(param, {}).get("step")
+                if isinstance(step, torch.Tensor):
+                    optim.state[param]["step"] = step.to(device=param.device, dtype=torch.float32)
+    return changed
 
 
 def all_finite(gradients: Iterable[torch.Tensor | None]) -> bool:

@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 import torch
 from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
 from ray.rllib.connectors.learner import GeneralAdvantageEstimation
+from ray.rllib.core import COMPONENT_METRICS_LOGGER, COMPONENT_OPTIMIZER
 from ray.rllib.core.learner.learner import Learner
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.evaluation.postprocessing import Postprocessing
@@ -40,6 +41,11 @@ from rllib_ext.connectors.gae import CompiledGAE, check_bootstrap_step_before_ga
 from rllib_ext.connectors.value_norm import UpdateValueNorm, value_norms
 from rllib_ext.learners import lean
 from rllib_ext.learners.amp import AMPState, resolve_amp_dtype
+from rllib_ext.learners.checkpoint_state import (
+    METRICS_STATE_KEY,
+    merged_metrics_state,
+    split_metrics_state,
+)
 from rllib_ext.learners.comm import CommCompression
 from rllib_ext.modules.learner_options import LearnerOptionsAPI, wants_death_masking
 from rllib_ext.modules.value_norm import ValueNormAPI
@@ -346,6 +352,12 @@ class PPOExtTorchLearner(PPOTorchLearner):
         self, components: Any = None, *, not_components: Any = None, **kw: Any
     ) -> StateDict:
         state = super().get_state(components, not_components=not_components, **kw)
+        if COMPONENT_METRICS_LOGGER in state:
+            # Ours apart: a stock learner restoring this checkpoint must not report them.
+            state[COMPONENT_METRICS_LOGGER], ours = split_metrics_state(
+                state[COMPONENT_METRICS_LOGGER]
+            )
+            state[METRICS_STATE_KEY] = ours
         if private.check_component(self, AMP_STATE_KEY, components, not_components):
             state[AMP_STATE_KEY] = self.amp.get_state()
         if self.comm.enabled and private.check_component(
@@ -357,6 +369,15 @@ class PPOExtTorchLearner(PPOTorchLearner):
     @override(Learner)
     def set_state(self, state: StateDict) -> None:
         super().set_state(state)
+        if state.get(METRICS_STATE_KEY):
+            self.metrics.set_state(
+                merged_metrics_state(self.metrics.get_state(), state[METRICS_STATE_KEY])
+            )
+        if COMPONENT_OPTIMIZER in state and self.ext_settings.update.lean_update:
+            # A stock checkpoint's optimizer state brings RLlib's plain Adam flags with it.
+            for mid in private.optimizer_module_ids(self):
+                for _, optim in self.get_optimizers_for_module(mid):
+                    lean.keep_lean(optim)
         if AMP_STATE_KEY in state:
             self.amp.set_state(state[AMP_STATE_KEY])
         if private.learner_index(self) != 0:

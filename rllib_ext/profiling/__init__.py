@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from ray.rllib.callbacks.callbacks import RLlibCallback
-from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
-from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
 from rllib_ext.callbacks import add_callback
+from rllib_ext.env_runners import rllib_env_runner_class
 from rllib_ext.profiling.breakdown import PHASES, Breakdown, breakdown_of_result, merge_breakdowns
 from rllib_ext.profiling.env_runner import EnvRunnerTimers, timed_subclass
 from rllib_ext.profiling.learner import LearnerTimers
@@ -137,9 +136,13 @@ def enable_profiling(
             "Fix: e.g. iterations=[2, 3, 4] (iteration 1 includes warm-up)."
         )
     out = None if out_dir is None else str(check_out_dir(out_dir))
-    # The EnvRunner class the run would use: the config's, else RLlib's default.
-    default_runner = MultiAgentEnvRunner if config.is_multi_agent else SingleAgentEnvRunner
-    runner = timed_subclass(EnvRunnerTimers, config.env_runner_cls or default_runner)
+    # The EnvRunner class the run would use: the config's, else RLlib's own choice (its
+    # recording runner with .offline_data(output=...)); rllib_ext.PPOConfig's runner table
+    # applies its rules to the class underneath (rllib_ext.runner_table).
+    chosen = config.env_runner_cls
+    runner = timed_subclass(
+        EnvRunnerTimers, chosen or rllib_env_runner_class(config), rllib_choice=chosen is None
+    )
     learner = timed_subclass(LearnerTimers, config.learner_class)
     config.env_runners(env_runner_cls=runner)
     config.learners(learner_class=learner)

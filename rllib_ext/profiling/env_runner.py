@@ -7,6 +7,7 @@ One ``sample()`` call logs ``profile/<phase>_s`` (``reduce="sum"``: the result h
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -108,8 +109,15 @@ class EnvRunnerTimers(EnvRunner):
             return super()._try_env_step(actions)
 
 
-def timed_subclass(timers: type, base: type) -> type:
+@functools.cache
+def timed_subclass(timers: type, base: type, *, rllib_choice: bool = False) -> type:
     """``Profiling<base>``: ``base`` with the ``timers`` mixin in front (``base`` if it has it).
+
+    One class per arguments (cached), so re-applying a config's rules keeps its class.
+
+    Args:
+        rllib_choice: ``base`` is the class RLlib picked (``env_runner_cls`` was ``None``), not
+            one the user chose; the runner table (:mod:`rllib_ext.runner_table`) reads it.
 
     Raises:
         TypeError: ``base`` does not extend the class ``timers`` extends, naming the fix.
@@ -126,6 +134,8 @@ def timed_subclass(timers: type, base: type) -> type:
     class Profiling(timers, base):
         profiled_class = base
         """The class being timed (what reports name)."""
+        profiled_rllib_choice = rllib_choice
+        """``base`` is RLlib's own choice, not the user's (see ``rllib_choice``)."""
 
     Profiling.__name__ = Profiling.__qualname__ = f"Profiling{base.__name__}"
     Profiling.__module__ = timers.__module__

@@ -1,7 +1,7 @@
 """``SMAXVectorEnvRunner``: RLlib's ``MultiAgentEnvRunner`` over one :class:`SMAXVectorEnv`.
 
-Selected by :func:`use_smax_vector_env_runner` (called from ``rllib_ext.PPOConfig.validate``)
-when the env is SMAC on the SMAX backend and ``num_envs_per_env_runner > 1``: the runner's
+Selected by the runner table (:mod:`rllib_ext.runner_table`, rule ``smax_batched``) when the env
+is SMAC on the SMAX backend and ``num_envs_per_env_runner > 1``: the runner's
 ``num_envs_per_env_runner`` battles are stepped by one jitted, vmapped call instead of RLlib's
 ``SyncVectorMultiAgentEnv`` loop over ``SMACEnv`` copies. Everything else (episodes,
 connectors, callbacks, metrics) is RLlib's. StarCraft II backends keep RLlib's runner.
@@ -26,7 +26,7 @@ from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.utils.annotations import override
 
 from rllib_ext import _rllib_private as private
-from rllib_ext.env_runners import AMPInference, replaceable
+from rllib_ext.env_runners import AMPInference
 from rllib_ext.envs.smac.factory import smax_env_config
 from rllib_ext.envs.smac.sampling import (
     FusedSampler,
@@ -40,7 +40,6 @@ __all__ = [
     "SMAX_BATCHED_METRIC",
     "SMAXVectorEnvRunner",
     "smax_env_config",
-    "use_smax_vector_env_runner",
 ]
 
 SMAX_BATCHED_METRIC = "smax_batched_envs"
@@ -49,29 +48,6 @@ SMAX_FUSED_METRIC = "smax_fused_sampling"
 """``env_runners/<this>``: 1 when the last ``sample()`` ran the array-speed path."""
 SMAX_GROUPS_METRIC = "smax_fused_groups"
 """``env_runners/<this>``: groups of battles the fused loop alternates between."""
-
-
-def use_smax_vector_env_runner(config: AlgorithmConfig) -> bool:
-    """Sets ``config.env_runner_cls`` to :class:`SMAXVectorEnvRunner` where it applies.
-
-    Applies when the env runs on SMAX, ``num_envs_per_env_runner > 1``, the config is
-    multi-agent and the user chose no env-runner class (RLlib's default plus protocols, e.g.
-    ``amp_inference``'s runner, counts as no choice: see :func:`~rllib_ext.env_runners.
-    replaceable`; this runner supports the same protocols). Idempotent; an earlier automatic
-    choice is undone when the config no longer qualifies. Returns whether the batched runner is
-    selected.
-    """
-    chosen = config.env_runner_cls
-    if chosen is not SMAXVectorEnvRunner and not replaceable(chosen):
-        return False
-    wanted = (
-        config.num_envs_per_env_runner > 1
-        and config.is_multi_agent
-        and smax_env_config(config.env, config.env_config) is not None
-    )
-    if wanted or chosen is SMAXVectorEnvRunner:
-        config.env_runner_cls = SMAXVectorEnvRunner if wanted else None
-    return wanted
 
 
 class SMAXVectorEnvRunner(FusedDispatch, AMPInference, MultiAgentEnvRunner):
