@@ -209,13 +209,15 @@ def onebit_hook(state: OneBitState, bucket: dist.GradBucket) -> torch.futures.Fu
     call = HookCall(state, bucket)
     if call.is_last:
         state.step += 1
+    # Chosen from the first call on, warm-up included: numba compiles (or reads its cache) in
+    # the first update, not in the middle of a run when warm-up ends.
+    kernels = select_kernels(
+        state.kernel, call.buffer, applies=call.world_size <= onebit.MAX_NUMBA_RANKS
+    )
     warm_up, precond = state.plan(bucket)
     if warm_up:
         return averaging_allreduce(call, after=lambda: _warmup_moment(state, bucket, call.buffer))
     residual = state.residual_for(bucket)
-    kernels = select_kernels(
-        state.kernel, call.buffer, applies=call.world_size <= onebit.MAX_NUMBA_RANKS
-    )
     call.compiled = kernels is not None
     payload = onebit.encode(
         call.buffer,

@@ -252,6 +252,8 @@ def powersgd_hook(
         state._pending.end_step(state.hook_name)
     if state.iteration < state.start_iter:
         state.iteration += int(call.is_last)
+        # numba compiles (or reads its cache) in the first update, not when compression starts.
+        select_kernels(state.kernel, buffer)
         return averaging_allreduce(call)
     state._prepare_bucket(bucket)
     state.iteration += int(call.is_last)

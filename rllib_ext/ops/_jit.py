@@ -37,6 +37,12 @@ class LazyKernels(Generic[K]):
         self._loaded = False
         self._kernels: K | None = None
 
+    @property
+    def loaded(self) -> bool:
+        """Whether :meth:`load` has run in this process (kernels compiled or read from numba's
+        cache, or the fallback chosen)."""
+        return self._loaded
+
     def load(self) -> K | None:
         """The kernels, or ``None`` where numba is missing or cannot compile. Thread-safe."""
         if not self._loaded:

@@ -225,6 +225,17 @@ def run_onebit_warmup_then_preconditioned(rank: int) -> dict[str, Any]:
     }
 
 
+def run_onebit_kernels_load_in_warmup(rank: int) -> dict[str, Any]:
+    """In a fresh process: whether the numba kernels are loaded before and after the first
+    warm-up call of the 1-bit hook (``onebit_warmup_steps=100``, so the call only averages)."""
+    from rllib_ext.ops.codecs._select import KERNELS
+
+    before = KERNELS.loaded
+    state = OneBitState(settings("onebit", onebit_warmup_steps=100))
+    _run(onebit_hook, state, [torch.ones(16)])
+    return {"before": before, "after": KERNELS.loaded, "step": state.step}
+
+
 def run_onebit_nonfinite_and_state(rank: int) -> dict[str, Any]:
     """inf on rank 0 at step 4; then checkpoint round trips (full, rank 0 only, other layout)
     and pickling."""

@@ -243,6 +243,14 @@ def test_every_hook_keeps_ranks_identical_under_ddp_and_reports_buckets(two_rank
     assert ratios["fp16"] == 2.0 and ratios["onebit"] > 20 and ratios["powersgd"] > 1
 
 
+def test_onebit_kernels_compile_in_the_first_warmup_call_not_when_warmup_ends(tmp_path: Path):
+    outcome = _spawn(tmp_path, 2, runs=(_workers.run_onebit_kernels_load_in_warmup,))
+    for rank in (0, 1):
+        result = outcome[rank]["run_onebit_kernels_load_in_warmup"]
+        assert "error" not in result, result.get("error")
+        assert result["value"] == {"before": False, "after": True, "step": 1}
+
+
 def test_onebit_numba_kernels_match_torch_ops_in_the_hook(two_ranks):
     runs = _values(two_ranks, "run_onebit_kernels")
     for run in runs:
