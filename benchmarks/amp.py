@@ -115,7 +115,7 @@ def main() -> None:
         print(json.dumps(run_mode(args.child, args)))
         return
 
-    from rllib_ext.learners.amp import cpu_has_native_bf16
+    from rllib_ext.amp_choice import cpu_has_native_bf16
 
     print(
         f"# machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} "

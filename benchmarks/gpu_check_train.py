@@ -224,9 +224,9 @@ def _learner_module_and_device(algo: Any) -> tuple[str, str]:
 
 
 def _ppo_one(preset: str, gpus: int, sizes: Sizes) -> dict[str, Any]:
+    from rllib_ext.amp_choice import resolve_amp_dtype
     from rllib_ext.cli.ppo_config import build_algo_config, check_settings
     from rllib_ext.cli.runconfig import resolve_settings
-    from rllib_ext.learners.amp import resolve_amp_dtype
 
     overrides = sizes.ppo_training[preset]
     settings = resolve_settings(

@@ -13,7 +13,9 @@ the harness is this script's, the same for both), one fresh process measures env
 * ``cartpole``: ``rllib_ext.PPOConfig``'s default runner (``FusedSingleAgentEnvRunner``) on
   CartPole-v1, 8 envs, 2,000 env steps per call ([256, 256] tanh, ``ppo_throughput.py``'s module);
 * ``smax``: ``smax_throughput.py``'s ``fused`` path on 3s5z_vs_3s6z, 64 battles, 128 steps per
-  battle per call (what training asks of a local env runner), one torch thread.
+  battle per call (what training asks of a local env runner);
+
+each with one torch thread, what the learner sets in a local runner's process.
 
 Rows: a header row, then one JSON line per (round, checkout, workload) with the checkout's commit.
 """
@@ -53,10 +55,8 @@ def _cartpole(seconds: float) -> float:
 
 
 def _smax(seconds: float) -> float:
-    import torch
     from smax_throughput import measure_sampling
 
-    torch.set_num_threads(1)
     return float(
         measure_sampling("3s5z_vs_3s6z", "fused", num_envs=64, seconds=seconds, steps_per_env=128)[
             "rate"
@@ -66,6 +66,9 @@ def _smax(seconds: float) -> float:
 
 def _worker(workload: str, seconds: float) -> dict[str, Any]:
     import ray
+    import torch
+
+    torch.set_num_threads(1)  # what the learner sets in this process (cpu_threads auto)
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:

@@ -23,7 +23,7 @@ from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 from ray.rllib.utils.annotations import override
 
 from rllib_ext import _rllib_private as private
-from rllib_ext.learners.amp import resolve_amp_dtype
+from rllib_ext.amp_choice import resolve_amp_dtype
 from rllib_ext.settings import ExtensionSettings
 
 __all__ = [

@@ -32,31 +32,13 @@ LAYERS: tuple[frozenset[str], ...] = (
     # RLlib adapters; config_checks is here because the learner calls it (stock-config route).
     frozenset(
         {"learners", "env_runners", "envs", "modules", "connectors", "config_checks"}
-        | {"callbacks", "sampling_protocol", "fused_sampling"}
+        | {"callbacks", "sampling_protocol", "fused_sampling", "amp_choice"}
     ),
     frozenset({"distributed"}),  # DDP hooks that move bytes
     frozenset({"ops"}),  # kernels: numpy/numba/torch, no Ray
     frozenset({"settings", "_validation"}),
     frozenset({"_rllib_private", "_private_check", "_versions", "_threads"}),
 )
-
-# Imports in the areas being restructured (envs/smac/, env_runners.py, profiling/) that point
-# up a layer or close a cycle, as (importer, imported). The tests leave these edges out; an
-# entry that no longer exists fails `test_known_upward_imports_still_exist` (delete it then).
-KNOWN_UPWARD: frozenset[tuple[str, str]] = frozenset(
-    {
-        # envs.smac -> envs/__init__ (SMAC_ENV_DEFAULTS, is_smac_env), whose functions import
-        # envs.smac lazily: a cycle envs -> envs.smac.env -> factory -> envs.
-        ("rllib_ext.envs.smac.factory", "rllib_ext.envs"),
-        # env_runners -> learners.amp (resolve_amp_dtype) closes the package cycle learners ->
-        # config_checks (the learner's own check) -> env_runners -> learners.
-        ("rllib_ext.env_runners", "rllib_ext.learners.amp"),
-    }
-)
-
-RESTRUCTURED = ("rllib_ext.envs.smac", "rllib_ext.env_runners", "rllib_ext.profiling")
-"""Where KNOWN_UPWARD importers may be (another change reorganizes these)."""
-
 
 # -- reading the graph --------------------------------------------------------------------------
 
@@ -174,7 +156,7 @@ def _layer(name: str) -> int:
 
 
 GRAPH = import_graph(ROOT, PACKAGE)
-CHECKED = import_graph(ROOT, PACKAGE, leave_out=KNOWN_UPWARD)
+CHECKED = GRAPH
 
 
 def _violations(allowed: Mapping[str, Iterable[str]]) -> list[str]:
@@ -244,17 +226,7 @@ def test_the_base_modules_import_only_each_other():
     assert not _violations({name: base for name in base})
 
 
-def test_known_upward_imports_still_exist():
-    """And each importer is in an area being restructured (elsewhere: fix the import)."""
-    stale = sorted(edge for edge in KNOWN_UPWARD if edge[1] not in GRAPH.get(edge[0], {}))
-    assert not stale, f"no longer imported, delete from KNOWN_UPWARD: {stale}"
-    elsewhere = sorted(a for a, _ in KNOWN_UPWARD if not a.startswith(RESTRUCTURED))
-    assert not elsewhere, f"fix these imports instead of listing them: {elsewhere}"
-
-
 _LAZY = re.compile(r"#\s*lazy:")
-LAZY_UNCHECKED = RESTRUCTURED
-"""Modules whose function-level imports are not checked for the comment (being restructured)."""
 
 
 def test_every_function_level_import_says_why_it_is_lazy():
@@ -262,9 +234,7 @@ def test_every_function_level_import_says_why_it_is_lazy():
     dependency) out of ``--help`` / ``import rllib_ext``; the comment (``# lazy: ...``, on the
     line or right above the block of imports) says which. Anything else goes to the top."""
     silent: set[str] = set()  # a set: nested functions are walked twice
-    for module, path in module_files(ROOT, PACKAGE).items():
-        if module.startswith(LAZY_UNCHECKED):
-            continue
+    for path in module_files(ROOT, PACKAGE).values():
         text = path.read_text()
         lines, tree = text.splitlines(), ast.parse(text)
         spans = _import_spans(tree)

@@ -22,19 +22,11 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from rllib_ext import _rllib_private as private
+from rllib_ext.envs.names import SMAC_CREATOR_MARK, SMAC_ENV_DEFAULTS, is_smac_env, names_our_env
 
 __all__ = ["SMAC_ENV_DEFAULTS", "is_smac_env", "make_smac_env", "names_our_env", "register_envs"]
 
 logger = logging.getLogger(__name__)
-
-SMAC_ENV_DEFAULTS: dict[str, dict[str, Any]] = {
-    "smac_v2": {"backend": "auto", "prefer_sc2": "smacv2"},
-    "smac": {"backend": "auto", "prefer_sc2": "smac"},
-    "smax": {"backend": "smax"},
-}
-
-_SMAC_CLASSPATHS = ("rllib_ext.envs.smac.SMACEnv", "rllib_ext.envs.smac.env.SMACEnv")
 
 
 def make_smac_env(name: str, env_config: Mapping[str, Any] | None = None) -> Any:
@@ -51,22 +43,10 @@ def make_smac_env(name: str, env_config: Mapping[str, Any] | None = None) -> Any
     return SMACEnv(merged)
 
 
+setattr(make_smac_env, SMAC_CREATOR_MARK, True)  # what names.is_our_creator looks for
+
 _kept_user_names: set[str] = set()
 """Names :func:`register_envs` found taken by the user (logged once each)."""
-
-
-def _is_our_creator(creator: Any) -> bool:
-    return isinstance(creator, functools.partial) and creator.func is make_smac_env
-
-
-def names_our_env(name: str) -> bool:
-    """Whether the env name ``name`` runs rllib_ext's SMAC env: one of :data:`SMAC_ENV_DEFAULTS`
-    that holds our creator in Ray's env registry, or nothing yet (:func:`register_envs` takes
-    it). ``False`` where the user registered their own env under the name."""
-    if name not in SMAC_ENV_DEFAULTS:
-        return False
-    creator = private.registered_env_creator(name)
-    return creator is None or _is_our_creator(creator)
 
 
 def register_envs() -> None:
@@ -88,15 +68,3 @@ def register_envs() -> None:
                 "env stays reachable as rllib_ext.envs.smac.SMACEnv).",
                 name,
             )
-
-
-def is_smac_env(env: Any) -> bool:
-    """True for rllib_ext's SMAC env: ``SMACEnv`` (or a subclass), its class path, and the
-    registered names while they hold our creator (:func:`names_our_env`)."""
-    if isinstance(env, str):
-        return env in _SMAC_CLASSPATHS or names_our_env(env)
-    if isinstance(env, type):
-        from rllib_ext.envs.smac.env import SMACEnv  # lazy: keeps Ray out of --help
-
-        return issubclass(env, SMACEnv)
-    return False

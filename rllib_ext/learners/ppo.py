@@ -34,13 +34,14 @@ from ray.rllib.utils.typing import ModuleID, ParamDict, StateDict, TensorType
 
 from rllib_ext import _rllib_private as private
 from rllib_ext._threads import apply_cpu_threads
+from rllib_ext.amp_choice import resolve_amp_dtype
 from rllib_ext.config_checks import check_algorithm_config
 from rllib_ext.connectors.batching import install_vectorized_batching
 from rllib_ext.connectors.death_mask import DeathMask
 from rllib_ext.connectors.gae import CompiledGAE, check_bootstrap_step_before_gae
 from rllib_ext.connectors.value_norm import UpdateValueNorm, value_norms
 from rllib_ext.learners import lean
-from rllib_ext.learners.amp import AMPState, resolve_amp_dtype
+from rllib_ext.learners.amp import AMPState
 from rllib_ext.learners.checkpoint_state import (
     METRICS_STATE_KEY,
     merged_metrics_state,

@@ -63,7 +63,7 @@ def test_header_and_every_step_present(report: dict[str, Any]) -> None:
 
 
 def test_amp_rows_every_model_and_mode_with_ratios(report: dict[str, Any]) -> None:
-    from rllib_ext.learners.amp import resolve_amp_dtype
+    from rllib_ext.amp_choice import resolve_amp_dtype
 
     rows = _rows(report, "amp")
     assert [(r["model"], r["mode"]) for r in rows] == [

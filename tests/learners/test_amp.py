@@ -12,7 +12,8 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
 
 import rllib_ext
-from rllib_ext.learners.amp import cpu_has_native_bf16, resolve_amp_dtype
+from rllib_ext import compat
+from rllib_ext.amp_choice import cpu_has_native_bf16, resolve_amp_dtype
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -212,7 +213,7 @@ def test_checkpoint_restores_loss_scale(tmp_path) -> None:
 
 def test_tutorial_chapter4_config_builds_and_trains() -> None:
     cfg = (
-        rllib_ext.PPOConfig()
+        compat.PPOConfig()
         .environment("CartPole-v1")
         .framework("torch")
         .env_runners(num_env_runners=0)

@@ -11,8 +11,8 @@ from ray.rllib.algorithms.ppo.torch.default_ppo_torch_rl_module import DefaultPP
 from ray.rllib.core.rl_module.multi_rl_module import MultiRLModule, MultiRLModuleSpec
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
+from rllib_ext.amp_choice import choose_amp, resolve_amp_dtype
 from rllib_ext.env_runners import module_device
-from rllib_ext.learners.amp import choose_amp, resolve_amp_dtype
 
 A100, H100, V100, T4 = (8, 0), (9, 0), (7, 0), (7, 5)
 
@@ -47,7 +47,7 @@ def test_bf16_on_a_gpu_without_native_bf16_is_one_line_with_the_fix() -> None:
 
 
 def test_resolve_on_cpu_is_the_choice_for_this_cpu() -> None:
-    from rllib_ext.learners.amp import cpu_has_native_bf16
+    from rllib_ext.amp_choice import cpu_has_native_bf16
 
     expected = "bf16" if cpu_has_native_bf16() else None
     assert choose_amp("auto", "cpu", cpu_bf16=cpu_has_native_bf16()) == expected

@@ -176,6 +176,7 @@ class SMAXBattles:
         """``bool [E]``: the battle's episode ended; the next step resets it."""
 
     def _initial_keys(self, seed: int | Sequence[int | None] | None) -> Any:
+        # lazy: JAX loads only where a SMAX battle is built
         import jax
         import jax.numpy as jnp
 

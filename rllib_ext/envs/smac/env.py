@@ -30,7 +30,7 @@ import logging
 import operator
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -104,6 +104,9 @@ class SMACEnv(MultiAgentEnv):
         ValueError: unknown ``env_config`` key, unknown backend, or a map the backend lacks.
         ImportError: the backend's package / game is not installed (with the steps to fix).
     """
+
+    rllib_ext_smac_env: ClassVar[bool] = True
+    """:data:`rllib_ext.envs.names.SMAC_ENV_MARK`: rllib_ext's SMAC env (subclasses too)."""
 
     def __init__(self, config: Mapping[str, Any] | None = None) -> None:
         super().__init__()

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from rllib_ext.envs.names import SMAC_ENV_DEFAULTS, is_smac_env
 from rllib_ext.envs.smac import sc2
 from rllib_ext.envs.smac.backend import Backend
 from rllib_ext.envs.smac.settings import SC2_PACKAGES, SMACEnvSettings
@@ -83,8 +84,6 @@ def smax_env_config(env: Any, env_config: Mapping[str, Any] | None) -> dict[str,
     ``backend="auto"`` is resolved by :func:`rllib_ext.envs.smac.factory.resolve_backend`, the
     rule the env itself uses.
     """
-    from rllib_ext.envs import SMAC_ENV_DEFAULTS, is_smac_env
-
     if not is_smac_env(env):
         return None
     defaults = SMAC_ENV_DEFAULTS.get(env, {}) if isinstance(env, str) else {}

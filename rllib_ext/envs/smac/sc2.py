@@ -139,10 +139,11 @@ def _check_installed(package: str, map_name: str) -> None:
 
 def _real_factory(package: str, capability_config: Any) -> Callable[..., Any]:
     if package == "smacv2":
+        # lazy: StarCraft II packages are optional and load only when a battle is built
         from smacv2.env import StarCraft2Env, StarCraftCapabilityEnvWrapper
 
         return StarCraftCapabilityEnvWrapper if capability_config is not None else StarCraft2Env
-    from smac.env import StarCraft2Env
+    from smac.env import StarCraft2Env  # lazy: optional StarCraft II package
 
     return StarCraft2Env
 

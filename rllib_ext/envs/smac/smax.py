@@ -15,7 +15,9 @@ Layout (JaxMARL ``smax_env.py``): actions ``0..3`` move, ``4`` stop, ``5 + j`` a
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import importlib.util
 import inspect
 import io
 import logging
@@ -107,6 +109,7 @@ def _import_smax() -> tuple[Any, Any]:
         try:
             import_jax()
             with _captured_stdout() as captured:
+                # lazy: JAX and JaxMARL are the optional smax extra
                 import jaxmarl.environments.smax.heuristic_enemy_smax_env  # noqa: F401
         except ImportError as exc:
             raise ImportError(
@@ -114,6 +117,7 @@ def _import_smax() -> tuple[Any, Any]:
             ) from exc
         if captured.getvalue().strip():
             logger.debug("jaxmarl import printed: %s", captured.getvalue().strip())
+    # lazy: JAX and JaxMARL are the optional smax extra (already imported above)
     from jaxmarl.environments.smax import smax_env
     from jaxmarl.environments.smax.heuristic_enemy_smax_env import HeuristicEnemySMAX
 
@@ -142,9 +146,6 @@ def _map_names_in_source() -> list[str]:
     """The keys of the ``MAP_NAME_TO_SCENARIO`` dict literal in JaxMARL's ``smax_env.py``, read
     without importing JaxMARL; ``[]`` when JAX or JaxMARL is missing or the table has another
     form (the caller then imports it, which also gives the install hint)."""
-    import ast
-    import importlib.util
-
     jaxmarl = importlib.util.find_spec("jaxmarl")  # top-level: located, not imported
     if importlib.util.find_spec("jax") is None or jaxmarl is None:
         return []
@@ -194,6 +195,7 @@ def _compile(map_name: str, options: Mapping[str, Any]) -> _Compiled:
     if cache_key in _COMPILED:
         return _COMPILED[cache_key]
     smax_env, heuristic_enemy_smax = _import_smax()
+    # lazy: JAX loads only where a SMAX battle is built
     import jax
     import jax.numpy as jnp
 
@@ -294,7 +296,7 @@ class SMAXBackend:
         return step, bool(tail[3])
 
     def reset(self, seed: int | None) -> Step:
-        import jax
+        import jax  # lazy: JAX loads only where a SMAX battle is built
 
         if seed is not None or self._key is None:
             if seed is None:
