@@ -32,7 +32,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     # RLlib adapters; config_checks is here because the learner calls it (stock-config route).
     frozenset(
         {"learners", "env_runners", "envs", "modules", "connectors", "config_checks"}
-        | {"callbacks", "sampling_protocol", "fused_sampling", "amp_choice"}
+        | {"callbacks", "sampling_protocol", "fused", "fused_sampling", "amp_choice"}
     ),
     frozenset({"distributed"}),  # DDP hooks that move bytes
     frozenset({"ops"}),  # kernels: numpy/numba/torch, no Ray

@@ -185,7 +185,7 @@ def _smax_battles(
     """The batched SMAX evaluation's result, or why it does not apply (then RLlib's runner
     plays the episodes)."""
     from rllib_ext.envs.smac.evaluation import play_battles  # lazy: torch
-    from rllib_ext.fused_sampling.common import UnfusedModuleOutputs  # lazy: Ray
+    from rllib_ext.fused.rules import UnfusedModuleOutputs  # lazy: Ray
     from rllib_ext.runner_table import select_env_runner_class  # lazy: Ray, torch
 
     battles_at_once = min(episodes, num_envs or BATCHED_BATTLES)

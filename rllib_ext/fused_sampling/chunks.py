@@ -1,6 +1,6 @@
 """Episode chunks of the fused single-agent loop: the one place that knows RLlib's episode layout.
 
-:func:`build_chunk` turns a :class:`~rllib_ext.fused_sampling.tracks.Track` into the
+:func:`build_single_agent_chunk` turns a :class:`~rllib_ext.fused_sampling.tracks.Track` into the
 list-based ``SingleAgentEpisode`` ``SingleAgentEnvRunner._sample`` holds for the same steps:
 RLlib's public constructor over the track's lists (lookback as ``cut()`` leaves it). The loop
 hands it to ``on_episode_end`` as RLlib's does, then calls ``to_numpy()`` (in place), so dtypes
@@ -16,10 +16,10 @@ from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 from rllib_ext import _rllib_private as private
 from rllib_ext.fused_sampling.tracks import Track
 
-__all__ = ["build_chunk"]
+__all__ = ["build_single_agent_chunk"]
 
 
-def build_chunk(
+def build_single_agent_chunk(
     track: Track,
     items: dict[str, Any],
     *,

@@ -2,8 +2,8 @@
 
 Selected by the runner table (:mod:`rllib_ext.runner_table`, rule ``fused_single_agent``) for
 single-agent configs with ``fused_sampling=True`` (the default) where the user chose no
-env-runner class. Each ``sample()`` runs :class:`~.sampler.FusedSampler` where
-:func:`~.rules.why_not_fused` finds no reason against it, else RLlib's own loop over the same
+env-runner class. Each ``sample()`` runs :class:`~.sampler.SingleAgentFusedSampler` where
+:func:`~.rules.single_agent_rule` finds no reason against it, else RLlib's own loop over the same
 vector env, with one warning per runner and reason (``FusedSamplingFallback``);
 ``env_runners/fused_sampling`` is 1 when the last ``sample()`` ran fused. ``amp_inference`` is supported (:class:`~rllib_ext.env_runners.
 AMPInference`). Switching between the two loops resets the envs (each keeps its own episodes).
@@ -20,9 +20,9 @@ from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 from ray.rllib.utils.annotations import override
 
 from rllib_ext.env_runners import AMPInference
-from rllib_ext.fused_sampling.common import FusedDispatch
-from rllib_ext.fused_sampling.rules import why_not_fused
-from rllib_ext.fused_sampling.sampler import FusedSampler
+from rllib_ext.fused.dispatch import FusedDispatch
+from rllib_ext.fused_sampling.rules import single_agent_rule
+from rllib_ext.fused_sampling.sampler import SingleAgentFusedSampler
 
 __all__ = ["FUSED_METRIC", "FusedSingleAgentEnvRunner"]
 
@@ -34,12 +34,12 @@ class FusedSingleAgentEnvRunner(FusedDispatch, AMPInference, SingleAgentEnvRunne
     """``SingleAgentEnvRunner`` whose time-step and episode sampling runs as one batched
     forward per step where exact (see the module docstring)."""
 
-    fused: FusedSampler
+    fused: SingleAgentFusedSampler
 
     @override(SingleAgentEnvRunner)
     def __init__(self, *, config: AlgorithmConfig, **kwargs: Any) -> None:
         super().__init__(config=config, **kwargs)
-        self.init_fused(FusedSampler(self))
+        self.init_fused(SingleAgentFusedSampler(self))
 
     @override(EnvRunner)
     def sample(self, *args: Any, **kwargs: Any) -> Any:
@@ -58,7 +58,7 @@ class FusedSingleAgentEnvRunner(FusedDispatch, AMPInference, SingleAgentEnvRunne
     def fused_rule(
         self, *, num_timesteps: int | None, random_actions: bool, explore: bool | None = None
     ) -> str | None:
-        return why_not_fused(self, random_actions=random_actions)
+        return single_agent_rule(self, random_actions=random_actions)
 
     @override(FusedDispatch)
     def fused_sample(self, **kwargs: Any) -> list[SingleAgentEpisode]:

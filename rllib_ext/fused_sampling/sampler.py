@@ -1,13 +1,13 @@
-"""``FusedSampler``: RLlib's ``SingleAgentEnvRunner._sample`` as one batched forward per step.
+"""``SingleAgentFusedSampler``: RLlib's ``SingleAgentEnvRunner._sample``, one batched forward a step.
 
 It owns what a fused rollout carries between ``sample()`` calls: one :class:`~.tracks.Track` per
 env, which envs await their reset observation, and the envs' last observations. A step is one
 forward over all envs (:func:`~.policy.act`), one ``env.step`` through RLlib's fault-tolerant
 ``_try_env_step`` and a few appends to the call's :class:`~.tracks.StepLog`; per-env work
 happens only where an episode starts or ends, and episode objects are built once per chunk
-(:func:`~.chunks.build_chunk`). The order of operations, the RNG draws, the counters and the
+(:func:`~.chunks.build_single_agent_chunk`). The order of operations, the RNG draws, the counters and the
 episode metrics are those of RLlib's loop, for both sampling modes. Exact where
-:func:`~.rules.why_not_fused` says so.
+:func:`~.rules.single_agent_rule` says so.
 """
 
 from __future__ import annotations
@@ -22,16 +22,16 @@ from ray.rllib.env.env_runner import ENV_STEP_FAILURE
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
 from rllib_ext import _rllib_private as private
-from rllib_ext.fused_sampling.chunks import build_chunk
-from rllib_ext.fused_sampling.common import call_on_episode_end
+from rllib_ext.fused.episodes import call_on_episode_end, register_ongoing_chunk
+from rllib_ext.fused_sampling.chunks import build_single_agent_chunk
 from rllib_ext.fused_sampling.metrics import log_connector_metrics
 from rllib_ext.fused_sampling.policy import act
 from rllib_ext.fused_sampling.tracks import StepLog, Track
 
-__all__ = ["FusedSampler"]
+__all__ = ["SingleAgentFusedSampler"]
 
 
-class FusedSampler:
+class SingleAgentFusedSampler:
     """The fused loop of one ``SingleAgentEnvRunner`` (``runner``)."""
 
     def __init__(self, runner: Any) -> None:
@@ -200,7 +200,7 @@ class FusedSampler:
             items, steps = track.items(log, i), track.steps(log)
             if track.t_started + steps > 0:
                 chunk = self._chunk(track, log, items, terminated=False, truncated=False)
-                private.ongoing_episodes_for_metrics(runner)[chunk.id_].append(chunk)
+                register_ongoing_chunk(runner, chunk)
                 ongoing.append(chunk.to_numpy())
             tracks[i] = track.continuation(items, steps, lookback)
         return ongoing
@@ -216,7 +216,7 @@ class FusedSampler:
     ) -> SingleAgentEpisode:
         env = self.runner.env
         start_time, last_step_time = track.clock(log)
-        return build_chunk(
+        return build_single_agent_chunk(
             track,
             items,
             terminated=terminated,

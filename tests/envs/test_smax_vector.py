@@ -557,22 +557,18 @@ def test_fused_sampling_recovers_after_an_exception_in_the_loop():
 def test_fused_sampling_falls_back_where_it_cannot_be_exact():
     """A lookback horizon other than 1, episodes left as lists or a module off the CPU: RLlib's
     loop, with the reason."""
-    from rllib_ext.envs.smac.sampling import why_not_fused
+    from rllib_ext.envs.smac.sampling import smax_rule
 
     config = _config(num_envs=2, seed=0).env_runners(episodes_to_numpy=False)
     config.validate()
     runner = SMAXVectorEnvRunner(config=config)
-    assert why_not_fused(runner, num_timesteps=16, random_actions=False) == (
-        "episodes_to_numpy=False"
-    )
+    assert smax_rule(runner, num_timesteps=16, random_actions=False) == ("episodes_to_numpy=False")
     runner.stop()
 
     config = _config(num_envs=2, seed=0).env_runners(episode_lookback_horizon=2)
     config.validate()
     runner = SMAXVectorEnvRunner(config=config)
-    assert "episode_lookback_horizon=2" in why_not_fused(
-        runner, num_timesteps=16, random_actions=False
-    )
+    assert "episode_lookback_horizon=2" in smax_rule(runner, num_timesteps=16, random_actions=False)
     episodes = runner.sample(num_timesteps=16, explore=True)
     assert sum(ep.env_steps() for ep in episodes) >= 16
     assert runner.get_metrics()["smax_fused_sampling"].peek() == 0.0
@@ -581,9 +577,9 @@ def test_fused_sampling_falls_back_where_it_cannot_be_exact():
     config = _config(num_envs=2, seed=0)
     config.validate()
     runner = SMAXVectorEnvRunner(config=config)
-    assert why_not_fused(runner, num_timesteps=16, random_actions=False) is None
+    assert smax_rule(runner, num_timesteps=16, random_actions=False) is None
     runner.module["shared_policy"].to("meta")  # any non-CPU device: no GPU needed
-    assert why_not_fused(runner, num_timesteps=16, random_actions=False) == ("RLModule on meta")
+    assert smax_rule(runner, num_timesteps=16, random_actions=False) == ("RLModule on meta")
     runner.stop()
 
     config = _config(num_envs=2, seed=0).training(fused_sampling=False)  # the setting
@@ -604,7 +600,7 @@ def test_module_with_extra_outputs_samples_on_rllibs_loop_and_keeps_them():
     from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
     from rllib_ext import _rllib_private as private
-    from rllib_ext.envs.smac.sampling import why_not_fused
+    from rllib_ext.envs.smac.sampling import smax_rule
     from rllib_ext.fused_sampling import FusedSamplingFallback
     from rllib_ext.modules import MaskedPPOTorchRLModule
 
@@ -624,7 +620,7 @@ def test_module_with_extra_outputs_samples_on_rllibs_loop_and_keeps_them():
     reference.module.set_state(runner.module.get_state())
     torch.manual_seed(3)
     rng = torch.get_rng_state()
-    reason = why_not_fused(runner, num_timesteps=16, random_actions=False, explore=True)
+    reason = smax_rule(runner, num_timesteps=16, random_actions=False, explore=True)
     assert reason is not None and "vf_preds" in reason
     assert private.needs_initial_reset(runner) and torch.equal(rng, torch.get_rng_state())
     for call in range(2):

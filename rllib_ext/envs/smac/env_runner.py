@@ -28,13 +28,9 @@ from ray.rllib.utils.annotations import override
 from rllib_ext import _rllib_private as private
 from rllib_ext.env_runners import AMPInference
 from rllib_ext.envs.smac.factory import smax_env_config
-from rllib_ext.envs.smac.sampling import (
-    FusedSampler,
-    gc_paused,
-    why_not_fused,
-)
+from rllib_ext.envs.smac.sampling import SMAXFusedSampler, gc_paused, smax_rule
 from rllib_ext.envs.smac.vector import SMAXVectorEnv
-from rllib_ext.fused_sampling.common import FusedDispatch
+from rllib_ext.fused.dispatch import FusedDispatch
 
 __all__ = [
     "SMAX_BATCHED_METRIC",
@@ -55,8 +51,8 @@ class SMAXVectorEnvRunner(FusedDispatch, AMPInference, MultiAgentEnvRunner):
     ``amp_inference`` support: :class:`rllib_ext.env_runners.AMPInference`).
 
     With ``fused_sampling`` (default on; the setting, or a runner attribute) time-step
-    sampling runs as arrays (:class:`~rllib_ext.envs.smac.sampling.FusedSampler`) wherever
-    :func:`~rllib_ext.envs.smac.sampling.why_not_fused` finds no reason against it; otherwise,
+    sampling runs as arrays (:class:`~rllib_ext.envs.smac.sampling.SMAXFusedSampler`) wherever
+    :func:`~rllib_ext.envs.smac.sampling.smax_rule` finds no reason against it; otherwise,
     and for episode-count sampling (evaluation), RLlib's own loop runs over the same vector env,
     with one warning per runner and reason (``FusedSamplingFallback``).
     ``env_runners/smax_fused_sampling`` is 1 when the last ``sample()`` took the fused path.
@@ -76,12 +72,12 @@ class SMAXVectorEnvRunner(FusedDispatch, AMPInference, MultiAgentEnvRunner):
     large batches (:data:`rllib_ext.envs.smac.battles.AUTO_GROUP_ROWS`), else 1. Set before the
     env is built (class or instance attribute; ``make_env()`` rebuilds)."""
     env: SMAXVectorEnv | None
-    fused: FusedSampler
+    fused: SMAXFusedSampler
 
     @override(MultiAgentEnvRunner)
     def __init__(self, config: AlgorithmConfig, **kwargs: Any) -> None:
         super().__init__(config=config, **kwargs)
-        self.init_fused(FusedSampler(self))
+        self.init_fused(SMAXFusedSampler(self))
 
     @property
     def vector_env(self) -> SMAXVectorEnv:
@@ -141,7 +137,7 @@ class SMAXVectorEnvRunner(FusedDispatch, AMPInference, MultiAgentEnvRunner):
     def fused_rule(
         self, *, num_timesteps: int | None, random_actions: bool, explore: bool | None = None
     ) -> str | None:
-        return why_not_fused(
+        return smax_rule(
             self, num_timesteps=num_timesteps, random_actions=random_actions, explore=explore
         )
 
@@ -149,6 +145,6 @@ class SMAXVectorEnvRunner(FusedDispatch, AMPInference, MultiAgentEnvRunner):
     def fused_sample(
         self, *, num_timesteps: int | None, explore: bool, force_reset: bool, **kwargs: Any
     ) -> list[MultiAgentEpisode]:
-        assert num_timesteps is not None  # why_not_fused: time-step sampling only
+        assert num_timesteps is not None  # smax_rule: time-step sampling only
         with gc_paused(self.pause_gc):
             return self.fused.sample(num_timesteps, explore=explore, force_reset=force_reset)

@@ -11,7 +11,7 @@ The policy step is the fused SMAX sampler's own (:func:`~rllib_ext.envs.smac.sam
 policy.policy_step`): ``explore=False`` takes RLlib's deterministic action (argmax),
 ``explore=True`` samples from the policy as training does. Every chosen action of a battle in
 play is checked against that step's legal-action mask; an illegal one raises. Exact only where
-the fused SMAX loop is (:func:`~rllib_ext.envs.smac.sampling.why_not_fused`): callers fall back
+the fused SMAX loop is (:func:`~rllib_ext.envs.smac.sampling.smax_rule`): callers fall back
 to RLlib's env runner (one battle at a time) where it returns a reason.
 """
 

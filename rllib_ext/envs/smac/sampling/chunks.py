@@ -1,6 +1,6 @@
 """Episode chunks of the fused SMAX loop: the one place that knows RLlib's episode layout.
 
-:func:`build_chunk` turns an :class:`~rllib_ext.envs.smac.sampling.tracks.EnvTrack` into the
+:func:`build_smax_chunk` turns an :class:`~rllib_ext.envs.smac.sampling.tracks.EnvTrack` into the
 numpy'd ``MultiAgentEpisode`` RLlib's ``MultiAgentEnvRunner`` would have returned for the same
 steps: per-agent ``SingleAgentEpisode``s from RLlib's public constructor over array slices, and
 the multi-agent episode through :mod:`rllib_ext._rllib_private` (its private state keys).
@@ -23,14 +23,14 @@ from ray.rllib.env.utils.infinite_lookback_buffer import InfiniteLookbackBuffer
 from rllib_ext import _rllib_private as private
 from rllib_ext.envs.smac.sampling.tracks import EnvTrack
 
-__all__ = ["REWARD_SPACE", "build_chunk"]
+__all__ = ["REWARD_SPACE", "build_smax_chunk"]
 
 
 REWARD_SPACE = gym.spaces.Box(float("-inf"), float("inf"), (), np.float32)
 """The space ``SingleAgentEpisode`` gives a rewards buffer it builds from a list (RLlib's loop)."""
 
 
-def build_chunk(
+def build_smax_chunk(
     track: EnvTrack,
     *,
     agents: Sequence[str],

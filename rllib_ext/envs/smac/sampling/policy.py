@@ -24,7 +24,7 @@ from rllib_ext import _rllib_private as private
 from rllib_ext.env_runners import to_float32
 from rllib_ext.envs.smac.battles import SMAXBatch
 from rllib_ext.envs.smac.sampling.tracks import ActionRecord
-from rllib_ext.fused_sampling.common import UnfusedModuleOutputs
+from rllib_ext.fused.rules import UnfusedModuleOutputs
 from rllib_ext.sampling_protocol import sample_phase
 
 __all__ = ["FUSED_MODULE_OUTPUTS", "initial_state_rows", "policy_step", "probe_outputs"]

@@ -1,11 +1,11 @@
-"""``FusedSampler``: RLlib's ``MultiAgentEnvRunner._sample`` for SMAX battles, as arrays.
+"""``SMAXFusedSampler``: RLlib's ``MultiAgentEnvRunner._sample`` for SMAX battles, as arrays.
 
 It owns what a fused rollout carries between ``sample()`` calls: one :class:`EnvTrack` per
 battle and, for recurrent modules, the next ``STATE_IN`` rows per group. A call steps the
 battles group by group (:class:`~rllib_ext.envs.smac.battles.SMAXBattles`), recording one
 group's step while JAX runs the next, and returns RLlib's episodes: finished chunks (after
 ``on_episode_end``) and one continued chunk per running episode, with RLlib's counters, timers
-and episode metrics logged on the runner. Exact where :func:`~.rules.why_not_fused` says so.
+and episode metrics logged on the runner. Exact where :func:`~.rules.smax_rule` says so.
 """
 
 from __future__ import annotations
@@ -35,16 +35,16 @@ from ray.rllib.utils.metrics import (
 
 from rllib_ext import _rllib_private as private
 from rllib_ext.envs.smac.battles import SMAXBatch
-from rllib_ext.envs.smac.sampling.chunks import build_chunk
+from rllib_ext.envs.smac.sampling.chunks import build_smax_chunk
 from rllib_ext.envs.smac.sampling.policy import initial_state_rows, policy_step
 from rllib_ext.envs.smac.sampling.tracks import ActionRecord, EnvTrack, StepRecord
-from rllib_ext.fused_sampling.common import call_on_episode_end
+from rllib_ext.fused.episodes import call_on_episode_end, register_ongoing_chunk
 from rllib_ext.sampling_protocol import sample_phase
 
-__all__ = ["FusedSampler", "gc_paused"]
+__all__ = ["SMAXFusedSampler", "gc_paused"]
 
 
-class FusedSampler:
+class SMAXFusedSampler:
     """The fused loop of one env runner (``runner``: a ``MultiAgentEnvRunner`` whose ``env`` is
     a :class:`~rllib_ext.envs.smac.vector.SMAXVectorEnv`)."""
 
@@ -137,7 +137,7 @@ class FusedSampler:
                 pending.start_time = None
                 continue
             chunk = self._chunk(pending, terminated=False, truncated=False)
-            private.ongoing_episodes_for_metrics(runner)[chunk.id_].append(chunk)
+            register_ongoing_chunk(runner, chunk)
             ongoing.append(chunk)
             tracks[e] = pending.continuation()
         private.done_episodes_for_metrics(runner).extend(done)
@@ -163,7 +163,7 @@ class FusedSampler:
 
     def _chunk(self, track: EnvTrack, *, terminated: bool, truncated: bool) -> MultiAgentEpisode:
         vector = self.runner.vector_env
-        return build_chunk(
+        return build_smax_chunk(
             track,
             agents=vector.possible_agents,
             terminated=terminated,

@@ -1,7 +1,6 @@
-"""What every fused loop shares: the runner's select-and-dispatch, the rule's common checks, the
-``on_episode_end`` call.
+"""The runner side of every fused loop: select, then dispatch (:class:`FusedDispatch`).
 
-A fused loop (the single-agent one of this package, the SMAX one of
+A fused loop (the single-agent one of :mod:`rllib_ext.fused_sampling`, the SMAX one of
 :mod:`rllib_ext.envs.smac.sampling`) runs inside an RLlib env runner in place of its ``_sample``.
 :class:`FusedDispatch` is the runner side: per call its rule decides, before any side effect
 (no env reset, no RNG draw, no callback), whether the loop runs or RLlib's own ``_sample`` over
@@ -14,27 +13,14 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Callable, Sequence
 from typing import Any, Protocol, cast
 
-from ray.rllib.callbacks.callbacks import RLlibCallback
-from ray.rllib.callbacks.utils import make_callback
-
-from rllib_ext import _rllib_private as private
-from rllib_ext.sampling_protocol import fused_equivalent
 from rllib_ext.settings import ExtensionSettings
 
-__all__ = ["FusedDispatch", "FusedSamplingFallback", "UnfusedModuleOutputs"]
-__all__ += ["call_on_episode_end", "pipeline_mismatch", "per_step_callback"]
+__all__ = ["FusedDispatch", "FusedSamplingFallback"]
 
 logger = logging.getLogger("rllib_ext.fused_sampling")
-
-PER_STEP_CALLBACKS = ("on_episode_created", "on_episode_start", "on_episode_step")
-
-Piece = tuple[type, Callable[[], Any]]
-"""An expected connector piece: its exact class and a factory for the piece as RLlib's config
-builds it (its flags are what the piece in the pipeline must have)."""
-
+"""One logger for every fused loop (its name predates this package; log filters key on it)."""
 
 _CHOSEN = ("fused_sampling=False", "random actions")
 """Fallback reasons the caller chose: logged at INFO, not warned."""
@@ -44,69 +30,6 @@ class FusedSamplingFallback(UserWarning):
     """RLlib's own sampling loop runs instead of a fused one (the message says why); warned once
     per env runner and reason. ``warnings.simplefilter("ignore", FusedSamplingFallback)``
     silences it; ``env_runners/fused_sampling`` (``smax_fused_sampling``) shows it too."""
-
-
-class UnfusedModuleOutputs(Exception):
-    """The module returned outputs the fused loop does not record (raised by a fused loop's
-    forward; the rule's dry check finds them before a call starts)."""
-
-
-def _flags(piece: Any) -> dict[str, Any]:
-    """A piece's flags: its attributes holding a bool, number or string (spaces, devices,
-    functions and unset ``None`` values are no flags)."""
-    return {k: v for k, v in vars(piece).items() if isinstance(v, (bool, int, float, str))}
-
-
-def pipeline_mismatch(pipeline: Any, expected: Sequence[Piece]) -> str | None:
-    """How ``pipeline``'s pieces differ from ``expected`` (``None``: they do not), pieces that
-    declared :data:`~rllib_ext.sampling_protocol.FUSED_EQUIVALENT` on their own class left out.
-
-    A piece matches by exact class (a subclass may do more) and by its flags, compared with
-    those of the piece RLlib's config would build (e.g. ``NormalizeAndClipActions``'
-    ``normalize_actions`` / ``clip_actions``)."""
-    pieces = [p for p in getattr(pipeline, "connectors", ()) if not fused_equivalent(p)]
-    names = tuple(type(p).__name__ for p in pieces)
-    if len(pieces) != len(expected) or any(
-        type(p) is not cls for p, (cls, _) in zip(pieces, expected, strict=True)
-    ):
-        return f"pieces {names}"
-    for piece, (_, build) in zip(pieces, expected, strict=True):
-        mine, default = _flags(piece), _flags(build())
-        if mine != default:
-            return f"{type(piece).__name__} with {mine} (RLlib's: {default})"
-    return None
-
-
-def per_step_callback(runner: Any) -> str | None:
-    """The first per-step episode callback (object method or config function) the runner
-    would call, as ``"callback Class.method"`` / ``"config callbacks_<name>"``; else ``None``."""
-    for callback in private.runner_callbacks(runner):
-        for name in PER_STEP_CALLBACKS:
-            if getattr(type(callback), name) is not getattr(RLlibCallback, name):
-                return f"callback {type(callback).__name__}.{name}"
-    for name in PER_STEP_CALLBACKS:
-        if getattr(runner.config, f"callbacks_{name}", None):
-            return f"config callbacks_{name}"
-    return None
-
-
-def call_on_episode_end(runner: Any, episode: Any, *, env_index: int, env: Any) -> None:
-    """RLlib's ``on_episode_end`` call for a finished ``episode`` of vector-env slot
-    ``env_index`` (``env``: what the runner's loop passes, its env or ``env.unwrapped``)."""
-    make_callback(
-        "on_episode_end",
-        callbacks_objects=private.runner_callbacks(runner),
-        callbacks_functions=runner.config.callbacks_on_episode_end,
-        kwargs=dict(
-            episode=episode,
-            env_runner=runner,
-            metrics_logger=runner.metrics,
-            env=env,
-            rl_module=runner.module,
-            env_index=env_index,
-            prev_episode_chunks=private.ongoing_episodes_for_metrics(runner)[episode.id_],
-        ),
-    )
 
 
 class _Sampler(Protocol):
