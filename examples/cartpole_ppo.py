@@ -15,7 +15,8 @@ the names changed. Old (2023, Ray 2.x old API stack) -> new (Ray 2.58 new API st
 * ``.rollouts(num_rollout_workers=6)`` -> ``.env_runners(num_env_runners=N)`` (the old call
   now raises ValueError);
 * ``.resources(num_gpus=2)`` -> ``.learners(num_learners=K, num_gpus_per_learner=1)``
-  (``num_gpus`` is accepted but ignored on the new stack);
+  (RLlib's new stack stores ``num_gpus`` and ignores it; ``rllib_ext.PPOConfig`` refuses it, and
+  ``rllib_ext.compat.PPOConfig`` maps it);
 * ``.framework("torch")`` -> torch is the only framework of the new stack; the call is harmless;
 * ``stop={"episode_reward_mean": 450}`` -> ``stop={"env_runners/episode_return_mean": 450}``
   (the old key no longer exists, and Tune would only warn and never stop);

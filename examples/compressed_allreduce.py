@@ -5,14 +5,14 @@ True``, ``grad_clip: 0.5``), ``use_kl_loss=True`` / ``kl_coeff=0.3``, a [256, 25
 6 rollout workers and 2 GPUs, run with ``tune.run("PPO", ...)`` until
 ``episode_reward_mean`` 450. On RLlib's new API stack that becomes:
 
-* ``communication={...}`` passed to ``rllib_ext.PPOConfig.training()`` as written:
+* ``communication={...}`` passed to ``rllib_ext.compat.PPOConfig.training()`` as written:
   ``compression: True`` means fp16 gradients on the wire, ``type`` is checked against the
   learners (RLlib picks NCCL on GPU learners, gloo on CPU; ``NCCL`` without GPU learners is an
   error: on a CPU machine use ``GLOO`` or ``AUTO``), ``grad_clip`` is RLlib's ``grad_clip``;
 * the 2 GPUs as ``.learners(num_learners=2, num_gpus_per_learner=1)`` (2 CPU learners here);
   gradient compression only acts between learners, so ``num_learners >= 2``;
 * ``--compression powersgd`` / ``onebit`` swap in the stronger compressors;
-* ``tune.Tuner(rllib_ext.PPO, ...)`` with the new stop key ``env_runners/episode_return_mean``.
+* ``tune.Tuner(rllib_ext.compat.PPO, ...)`` with the new stop key ``env_runners/episode_return_mean``.
 
     python examples/compressed_allreduce.py                       # CPU: gloo, fp16 wire
     python examples/compressed_allreduce.py --compression onebit --num-env-runners 2
@@ -29,13 +29,13 @@ from pathlib import Path
 import ray
 from ray import tune
 
-import rllib_ext
+from rllib_ext import compat  # the 2023 API: the tutorial's flags as written
 
 
-def build_config(args: argparse.Namespace) -> rllib_ext.PPOConfig:
+def build_config(args: argparse.Namespace) -> compat.PPOConfig:
     communication = {"type": args.backend, "compression": True, "grad_clip": 0.5}
     config = (
-        rllib_ext.PPOConfig()
+        compat.PPOConfig()
         .environment("CartPole-v1")
         .env_runners(num_env_runners=args.num_env_runners)
         .learners(num_learners=2, num_gpus_per_learner=args.num_gpus_per_learner)
@@ -80,7 +80,7 @@ def main() -> None:
     # fewer cores still runs it (logical CPUs, oversubscribed).
     ray.init(num_cpus=max(os.cpu_count() or 1, 3 + args.num_env_runners), include_dashboard=False)
     tuner = tune.Tuner(
-        rllib_ext.PPO,
+        compat.PPO,
         param_space=build_config(args),
         run_config=tune.RunConfig(
             stop={

@@ -5,7 +5,8 @@ growth_interval=200)`` and a hand-written ``CustomTrainer`` with autocast, ``uns
 ``clip_grad_norm_(max_norm=0.5)``, ``scaler.step`` and ``scaler.update``. With rllib_ext those
 are flags: the learner does exactly those steps inside RLlib's PPO update (one scaler per
 module, inf/nan steps skipped, scaler state in checkpoints). The tutorial's ``fp16=True`` and
-``fp16_loss_scaling=1024.0`` are accepted as they were written.
+``fp16_loss_scaling=1024.0`` are accepted as they were written by ``rllib_ext.compat.PPOConfig``
+(``rllib_ext.PPOConfig`` takes the new names, ``amp="fp16"``, ``amp_init_scale=1024.0``).
 
     python examples/mixed_precision.py                 # fp16 on a GPU, otherwise 'auto'
     python examples/mixed_precision.py --amp bf16 --stop-reward 150
@@ -24,7 +25,7 @@ import ray
 import torch
 from ray import tune
 
-import rllib_ext
+from rllib_ext import compat  # the 2023 API: the tutorial's flags as written
 
 
 def main() -> None:
@@ -44,7 +45,7 @@ def main() -> None:
 
     on_gpu = torch.cuda.is_available()
     config = (
-        rllib_ext.PPOConfig()
+        compat.PPOConfig()
         .environment("CartPole-v1")
         .framework("torch")
         # Tutorial: .resources(num_gpus=1). The new API stack places the learner instead:
@@ -68,7 +69,7 @@ def main() -> None:
 
     ray.init(ignore_reinit_error=True)
     tuner = tune.Tuner(
-        rllib_ext.PPO,  # keeps the extension through Tune (tune.run("PPO") would drop it)
+        compat.PPO,  # keeps the extension and the 2023 API through Tune
         param_space=config,
         run_config=tune.RunConfig(
             name=run_dir.name,

@@ -2,8 +2,10 @@
 
 ``rllib_ext.PPOConfig().training(gae="compiled", lambda_=0.95)`` behaves exactly like
 RLlib's ``PPOConfig.training`` for every RLlib argument and additionally accepts the
-extension flags of :mod:`rllib_ext.settings` plus the 2023 tutorial's old names
-(``num_sgd_iter``, ``sgd_minibatch_size``). The flags are stored in the config's
+extension flags of :mod:`rllib_ext.settings`. The 2023 tutorial's API (``.rollouts()``,
+``fp16=True``, dict configs with old keys...) is :mod:`rllib_ext.compat`; here a 2023 call behaves
+as on RLlib's own config, except where RLlib would store a value and never read it: that fails
+in one line naming ``rllib_ext.compat`` and the new name (:data:`LEGACY_DICT_KEYS`). The flags are stored in the config's
 ``learner_config_dict``, which RLlib already carries through ``copy()``, ``to_dict()``,
 checkpoints and Ray Tune; the learner class is pinned with ``.learners(learner_class=...)`` for the same
 reason (Tune rebuilds a plain ``PPOConfig`` from the dict when given the ``"PPO"`` trainable).
@@ -11,25 +13,21 @@ reason (Tune rebuilds a plain ``PPOConfig`` from the dict when given the ``"PPO"
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ray.rllib.algorithms.algorithm import Algorithm
-from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
+from ray.rllib.algorithms.algorithm_config import DEPRECATED_VALUE, AlgorithmConfig, NotProvided
 from ray.rllib.algorithms.ppo import PPO as _RLlibPPO
 from ray.rllib.algorithms.ppo import PPOConfig as _RLlibPPOConfig
 from ray.rllib.core import COMPONENT_METRICS_LOGGER
-from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 from ray.rllib.models.catalog import MODEL_DEFAULTS
 from ray.rllib.utils.annotations import override
+from ray.util import log_once
 
-from rllib_ext import _rllib_private as private
-from rllib_ext.compat.algorithm import LegacyAlgorithmMixin
-from rllib_ext.compat.config import LegacyAPIMixin
-from rllib_ext.compat.training_kwargs import split_extension_kwargs
 from rllib_ext.config_checks import check_algorithm_config, check_rates
 from rllib_ext.envs import register_envs
 from rllib_ext.learners.checkpoint_state import (
@@ -39,15 +37,55 @@ from rllib_ext.learners.checkpoint_state import (
 )
 from rllib_ext.learners.ppo import PPOExtTorchLearner
 from rllib_ext.runner_table import apply_env_runner_table
-from rllib_ext.settings import ExtensionSettings, extension_keys
+from rllib_ext.settings import REMOVED_KEYS, ExtensionSettings, extension_keys
 from rllib_ext.smac_config import apply_smac_defaults, smac_default_rl_module_spec
 
-__all__ = ["PPO", "PPOConfig"]
+__all__ = ["LEGACY_DICT_KEYS", "LEGACY_TRAINING_KEYS", "PPO", "PPOConfig", "non_default_model"]
+
+logger = logging.getLogger("rllib_ext.config")
+
+_USE_COMPAT = "use rllib_ext.compat.PPOConfig for the 2023 API, or"
+
+LEGACY_TRAINING_KEYS: dict[str, str] = {
+    "sgd_minibatch_size": "the new name minibatch_size=...",
+    "fp16": "the new name amp='fp16'",
+    "fp16_loss_scaling": "the new names amp='fp16', amp_init_scale=...",
+    "communication": "the new names grad_compression=..., grad_clip=... (RLlib picks nccl/gloo)",
+    "communication_type": "drop it (RLlib picks nccl between GPU learners, gloo between CPU ones)",
+}
+"""2023 ``.training()`` keywords that RLlib 2.60's ``PPOConfig.training`` does not take: a
+``TypeError`` as there, naming the fix (``num_sgd_iter`` RLlib still maps itself, with its
+deprecation warning)."""
+
+LEGACY_DICT_KEYS: dict[str, str] = {
+    "training": "put the block's keys at the top level of the dict",
+    "communication": "the new names grad_compression and grad_clip at the top level",
+    "communication_type": "drop it (RLlib picks nccl between GPU learners, gloo between CPU ones)",
+    "num_sgd_iter": "the new name num_epochs",
+    "sgd_minibatch_size": "the new name minibatch_size",
+    "fp16": "the new name amp='fp16'",
+    "fp16_loss_scaling": "the new name amp_init_scale (with amp='fp16')",
+    "horizon": "a step limit in the env (gymnasium.wrappers.TimeLimit)",
+    "num_gpus": "the new names .learners(num_learners=N, num_gpus_per_learner=1)",
+}
+"""2023 top-level dict keys that RLlib's ``update_from_dict`` stores but its new API stack never
+reads (``"training"`` even hides the ``.training()`` method): refused with the fix. The values a
+``to_dict()`` round trip carries (``None``, ``0``, RLlib's ``DEPRECATED_VALUE``) pass."""
+
+
+def _unread(value: Any) -> bool:
+    return value is None or value is False or value == 0 or value == DEPRECATED_VALUE
+
+
+def non_default_model(model: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of an old-stack ``model`` dict that differ from RLlib's ``MODEL_DEFAULTS``
+    (``to_dict()`` carries the whole default dict)."""
+    return {k: v for k, v in model.items() if not (k in MODEL_DEFAULTS and MODEL_DEFAULTS[k] == v)}
 
 
 def _training_parameters() -> frozenset[str]:
     names: set[str] = set()
-    for cls in (LegacyAPIMixin, _RLlibPPOConfig, AlgorithmConfig):
+    for cls in (_RLlibPPOConfig, AlgorithmConfig):
         sig = inspect.signature(cls.training)
         names.update(
             p.name for p in sig.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY
@@ -56,34 +94,10 @@ def _training_parameters() -> frozenset[str]:
 
 
 _RLLIB_TRAINING_KEYS = _training_parameters()
-_MODEL_CONFIG_KEYS = frozenset(f.name for f in dataclasses.fields(DefaultModelConfig))
-
-
-def _model_overrides(model: Any) -> dict[str, Any]:
-    """The entries of an old-stack ``model`` dict that the new stack's model_config must get.
-
-    Entries equal to the old stack's ``MODEL_DEFAULTS`` are dropped (``to_dict()``/``from_dict``
-    round trips carry the whole old default dict); other entries must be ``DefaultModelConfig``
-    fields, otherwise RLlib would ignore them silently.
-    """
-    if not isinstance(model, dict):
-        raise ValueError(
-            f"model={model!r} must be a dict of DefaultModelConfig fields, e.g. "
-            '{"fcnet_hiddens": [256, 256]}. Fix: pass a dict or use .rl_module(model_config=...).'
-        )
-    model = {k: v for k, v in model.items() if not (k in MODEL_DEFAULTS and MODEL_DEFAULTS[k] == v)}
-    unknown = sorted(set(model) - _MODEL_CONFIG_KEYS)
-    if unknown:
-        raise ValueError(
-            f"model keys {unknown} are not RLModule model_config fields on RLlib's new API stack "
-            f"(allowed: {', '.join(sorted(_MODEL_CONFIG_KEYS))}). Fix: drop them or move custom "
-            "models to .rl_module(rl_module_spec=...)."
-        )
-    return model
 
 
 def _then_apply_derived(name: str) -> Callable[..., Any]:
-    """``PPOConfig.<name>``: the next class's setter ``name`` (the 2023 layer, then RLlib's),
+    """``PPOConfig.<name>``: the next class's setter ``name`` (RLlib's),
     then :meth:`PPOConfig._apply_derived_settings`; returns the config, like RLlib's setters."""
 
     @functools.wraps(getattr(AlgorithmConfig, name))
@@ -95,7 +109,7 @@ def _then_apply_derived(name: str) -> Callable[..., Any]:
     return override(AlgorithmConfig)(setter)
 
 
-class PPOConfig(LegacyAPIMixin, _RLlibPPOConfig):
+class PPOConfig(_RLlibPPOConfig):
     """RLlib's ``PPOConfig`` plus the rllib_ext flags (see :mod:`rllib_ext.settings`)."""
 
     def __init__(self, algo_class: type | None = None) -> None:
@@ -107,16 +121,30 @@ class PPOConfig(LegacyAPIMixin, _RLlibPPOConfig):
 
     @override(_RLlibPPOConfig)
     def training(self, **kwargs: Any) -> PPOConfig:
-        """RLlib's ``training()`` plus the extension flags.
+        """RLlib's ``training()`` plus the extension flags (``rllib_ext.settings.extension_keys()``).
 
-        Extension flags: see ``rllib_ext.settings.extension_keys()``. Old names accepted:
-        ``num_sgd_iter`` -> ``num_epochs``, ``sgd_minibatch_size`` -> ``minibatch_size``.
+        RLlib's own keywords behave as in RLlib, the deprecated ones too (``num_sgd_iter``, and
+        ``model``, which the new API stack does not read: logged once, the fix is
+        ``.rl_module(model_config=...)``). The 2023 tutorial's keywords are
+        :class:`rllib_ext.compat.PPOConfig`'s.
 
         Raises:
+            TypeError: for a 2023 keyword RLlib does not take either (:data:`LEGACY_TRAINING_KEYS`).
             ValueError: for an unknown keyword or a bad extension value.
         """
-        ext, rest = split_extension_kwargs(kwargs)
+        known = set(extension_keys())
+        ext = {k: v for k, v in kwargs.items() if k in known}
+        rest = {k: v for k, v in kwargs.items() if k not in known}
         for key in rest:
+            if key in REMOVED_KEYS:
+                raise ValueError(
+                    f"{key}={rest[key]!r} is no longer a setting: {REMOVED_KEYS[key]}. Fix: drop it."
+                )
+            if key in LEGACY_TRAINING_KEYS:
+                raise TypeError(
+                    f"training({key}={rest[key]!r}): RLlib's PPOConfig.training() takes no {key!r} "
+                    f"(2023 API). Fix: {_USE_COMPAT} {LEGACY_TRAINING_KEYS[key]}."
+                )
             if key not in _RLLIB_TRAINING_KEYS:
                 raise ValueError(
                     f"Unknown training() argument {key!r}. It is neither an RLlib PPO setting "
@@ -124,23 +152,71 @@ class PPOConfig(LegacyAPIMixin, _RLlibPPOConfig):
                     "spelling; old RLlib names are listed in the rllib_ext README."
                 )
         check_rates({k: rest[k] for k in ("lambda_", "gamma") if rest.get(k) is not None})
-        model = rest.get("model", NotProvided)
-        if model is not NotProvided and model is not None:
-            model = _model_overrides(model)
         # Validate everything before applying anything: a bad call changes nothing.
         ExtensionSettings.from_flat({**self._extension_flat(), **ext}, where="training()")
+        model = rest.get("model")
+        if isinstance(model, Mapping) and non_default_model(model) and log_once("rllib_ext_model"):
+            logger.warning(
+                "training(model=%r): RLlib's new API stack stores this and does not read it (as "
+                "in RLlib). Fix: .rl_module(model_config=...), or rllib_ext.compat.PPOConfig, "
+                "which maps the 2023 model dict onto model_config.",
+                non_default_model(model),
+            )
         super().training(**rest)
-        if model is not NotProvided and model:
-            # On the new API stack `training(model=...)` is silently ignored by RLlib; the
-            # tutorial's `model={"fcnet_hiddens": ...}` means the RLModule's model_config.
-            self.rl_module(model_config={**self._model_config_dict(), **model})
         self.learner_config_dict.update(ext)
         self._apply_derived_settings()
         return self
 
-    def _model_config_dict(self) -> dict[str, Any]:
-        mc = private.user_model_config(self)
-        return dict(mc) if isinstance(mc, dict) else dataclasses.asdict(mc)
+    @override(AlgorithmConfig)
+    def rollouts(self, *args: Any, **kwargs: Any) -> PPOConfig:
+        """Fails every time: RLlib's ``rollouts()`` raises once per process, then returns None.
+
+        Raises:
+            ValueError: always, naming ``.env_runners()`` and ``rllib_ext.compat``.
+        """
+        given = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
+        raise ValueError(
+            f".rollouts({given}): RLlib removed rollouts() (2023 API; it raises once per process, "
+            f"then returns None). Fix: {_USE_COMPAT} the new name .env_runners(num_env_runners=..., "
+            "num_envs_per_env_runner=...)."
+        )
+
+    @override(AlgorithmConfig)
+    def resources(self, *, num_gpus: Any = NotProvided, **kwargs: Any) -> PPOConfig:
+        """RLlib's ``resources()``; ``num_gpus`` other than 0 fails on the new API stack.
+
+        Raises:
+            ValueError: for ``num_gpus`` > 0, which RLlib's new API stack stores and never reads.
+        """
+        if num_gpus is not NotProvided and not _unread(num_gpus):
+            self._refuse_unread("num_gpus", num_gpus, f".resources(num_gpus={num_gpus!r})")
+        super().resources(num_gpus=num_gpus, **kwargs)
+        return self
+
+    @override(AlgorithmConfig)
+    def update_from_dict(self, config_dict: Any) -> PPOConfig:
+        """RLlib's ``update_from_dict``, then the derived settings.
+
+        Raises:
+            ValueError: for a 2023 key that RLlib would store and never read
+                (:data:`LEGACY_DICT_KEYS`), before anything is applied.
+        """
+        new_stack = config_dict.get("enable_rl_module_and_learner", True) is not False
+        for key in LEGACY_DICT_KEYS:
+            value = config_dict.get(key)
+            if not _unread(value) and (key != "num_gpus" or new_stack):
+                self._refuse_unread(key, value, f'update_from_dict({{"{key}": {value!r}}})')
+        super().update_from_dict(config_dict)
+        self._apply_derived_settings()
+        return self
+
+    def _refuse_unread(self, key: str, value: Any, call: str) -> None:
+        if key == "num_gpus" and not self.enable_rl_module_and_learner:
+            return  # RLlib's old API stack reads it
+        raise ValueError(
+            f"{call}: RLlib's new API stack stores {key}={value!r} and never reads it (2023 API). "
+            f"Fix: {_USE_COMPAT} {LEGACY_DICT_KEYS[key]}."
+        )
 
     def _extension_flat(self) -> dict[str, Any]:
         keys = set(extension_keys())
@@ -179,7 +255,6 @@ class PPOConfig(LegacyAPIMixin, _RLlibPPOConfig):
     learners = _then_apply_derived("learners")
     env_runners = _then_apply_derived("env_runners")
     offline_data = _then_apply_derived("offline_data")
-    update_from_dict = _then_apply_derived("update_from_dict")
 
     def _apply_derived_settings(self) -> None:
         """Fills in what the flags imply; idempotent, explicit user choices are kept.
@@ -193,7 +268,7 @@ class PPOConfig(LegacyAPIMixin, _RLlibPPOConfig):
         apply_env_runner_table(self)
 
 
-class PPO(LegacyAlgorithmMixin, _RLlibPPO):
+class PPO(_RLlibPPO):
     """RLlib's PPO whose default config is :class:`rllib_ext.PPOConfig`.
 
     Use it as the Tune trainable (``tune.Tuner(rllib_ext.PPO, param_space=config)``) so the

@@ -100,7 +100,7 @@ def check_algorithm_config(config: Any) -> ConfigCheck:
         settings.comm,
         num_learners=config.num_learners,
         num_gpus_per_learner=config.num_gpus_per_learner,
-        # rllib_ext.PPOConfig's attribute; a stock config built from its dict carries it too.
+        # rllib_ext.compat.PPOConfig's attribute; a stock config built from its dict carries it too.
         communication_type=getattr(config, "communication_type", None),
     )
     return ConfigCheck(settings=settings, warnings=tuple(warnings))

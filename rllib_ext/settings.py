@@ -16,7 +16,7 @@ RLlib config live in :mod:`rllib_ext.config_checks`.
 The learners' process-group backend is not a setting: RLlib 2.58's ``LearnerGroup`` builds it
 with Ray Train's ``TorchConfig()`` (NCCL between GPU learners, gloo between CPU learners) in a
 module-level function, not a seam. The tutorial's ``communication={"type": "NCCL"}`` is still
-accepted as :attr:`rllib_ext.PPOConfig.communication_type` and checked against the learners'
+accepted as :attr:`rllib_ext.compat.PPOConfig.communication_type` and checked against the learners'
 resources (:func:`rllib_ext.config_checks.check_comm_resources`); the removed ``comm_backend``
 key is dropped, with a one-time warning, where stored settings are read (:data:`REMOVED_KEYS`).
 

@@ -4,13 +4,15 @@
 checkpoint_at_end=True, local_dir="./results", verbose=2, resources_per_trial=...)`` runs as
 written:
 
-* ``"PPO"`` is :class:`rllib_ext.PPO` (old dict keys accepted, old result names reported);
+* ``"PPO"`` is :class:`rllib_ext.compat.PPO` (old dict keys accepted, old result names
+  reported); a class (``rllib_ext.PPO``, RLlib's ``PPO``) runs as given;
 * ``local_dir`` (removed from Tune) becomes ``storage_path`` (made absolute);
 * ``resources_per_trial`` is accepted for an RLlib trainable and not passed on: the trainable
   reserves its own placement group from the config (Tune refuses both at once), which is
   exactly ``config.resources_total``; the difference, if any, is logged;
-* ``metric``/``mode`` default to ``"episode_reward_mean"``/``"max"`` for an RLlib trainable, so
-  ``analysis.best_checkpoint`` works as the tutorial uses it;
+* ``metric``/``mode`` default to ``"episode_reward_mean"``/``"max"`` for a trainable that reports
+  the old names (``rllib_ext.compat.PPO``), ``"env_runners/episode_return_mean"``/``"max"`` for
+  another RLlib trainable, so ``analysis.best_checkpoint`` works as the tutorial uses it;
 * with ``RLLIB_EXT_FIT_RESOURCES=1`` the config is fitted to the machine here, in the driver
   (Ray's worker processes do not see the driver's environment variables);
 * ``RLLIB_EXT_MAX_ITERATIONS=N`` adds a ``training_iteration`` stop of ``N`` (CI, smoke runs);
@@ -32,8 +34,9 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.tune import *  # noqa: F403 (the rest of Ray Tune, unchanged)
 from ray.tune.stopper import CombinedStopper, FunctionStopper, Stopper
 
+from rllib_ext.compat.algorithm import LegacyAlgorithmMixin
+from rllib_ext.compat.ppo import PPO
 from rllib_ext.compat.resources import fit_resources_enabled, resource_request
-from rllib_ext.config import PPO
 
 __all__ = ["MAX_ITERATIONS_ENV", "iteration_cap", "resolve_trainable", "run"]
 
@@ -44,7 +47,7 @@ MAX_ITERATIONS_ENV = "RLLIB_EXT_MAX_ITERATIONS"
 
 
 def resolve_trainable(run_or_experiment: Any) -> Any:
-    """``"PPO"`` -> :class:`rllib_ext.PPO`; anything else unchanged."""
+    """``"PPO"`` -> :class:`rllib_ext.compat.PPO` (the 2023 API); anything else unchanged."""
     if run_or_experiment == "PPO":
         return PPO
     return run_or_experiment
@@ -114,7 +117,7 @@ def run(
     Raises:
         ValueError: for ``local_dir`` together with ``storage_path``, a bad
             ``RLLIB_EXT_MAX_ITERATIONS``, or a resource request the cluster cannot grant
-            (from :class:`rllib_ext.PPO`, naming ``RLLIB_EXT_FIT_RESOURCES=1``).
+            (from :class:`rllib_ext.compat.PPO`, naming ``RLLIB_EXT_FIT_RESOURCES=1``).
     """
     trainable = resolve_trainable(run_or_experiment)
     if local_dir is not None:
@@ -138,7 +141,9 @@ def run(
             _explain_resources_per_trial(trainable, config, resources_per_trial)
             resources_per_trial = None
         if metric is None and mode is None:
-            metric, mode = "episode_reward_mean", "max"
+            old_names = issubclass(trainable, LegacyAlgorithmMixin)
+            metric = "episode_reward_mean" if old_names else "env_runners/episode_return_mean"
+            mode = "max"
     return _tune.run(
         trainable,
         config=config,

@@ -3,7 +3,7 @@
 What each 2023 call becomes on RLlib's new API stack (the README's "Tutorial API" table):
 ``.resources(num_gpus=2, num_cpus=8)`` -> 2 learners with one GPU each (``num_cpus``: Ray
 decides per actor); ``.rollouts(num_rollout_workers=6)`` -> ``.env_runners(num_env_runners=6)``;
-``tune.run("PPO", ...)`` -> :class:`rllib_ext.PPO`, whose results carry ``episode_reward_mean``.
+``tune.run("PPO", ...)`` -> :class:`rllib_ext.compat.PPO`, whose results carry ``episode_reward_mean``.
 
 On a machine without 2 GPUs and 9 CPUs it stops with one line saying so; run it as
 ``RLLIB_EXT_FIT_RESOURCES=1 python examples/tutorial/chapter2.py`` to scale the request to the
@@ -15,7 +15,7 @@ machine (``RLLIB_EXT_MAX_ITERATIONS=N`` caps the iterations).
 from rllib_ext import tune  # was: from ray import tune
 
 # 导入RLlib的PPO配置类
-from rllib_ext import PPOConfig  # was: from ray.rllib.algorithms.ppo import PPOConfig
+from rllib_ext.compat import PPOConfig  # was: from ray.rllib.algorithms.ppo import PPOConfig
 
 # 创建PPO算法的配置对象
 config = (

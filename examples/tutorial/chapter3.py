@@ -1,7 +1,7 @@
 """Tutorial chapter 3 (通信优化): the plain-dict config as printed, only the imports changed.
 
-The dict's old keys reach :class:`rllib_ext.PPO` through Tune and are mapped there
-(``rllib_ext.PPOConfig.update_from_dict``): ``"communication"`` -> ``communication_type="nccl"``,
+The dict's old keys reach :class:`rllib_ext.compat.PPO` through Tune and are mapped there
+(``rllib_ext.compat.PPOConfig.update_from_dict``): ``"communication"`` -> ``communication_type="nccl"``,
 ``grad_compression="fp16"``, ``grad_clip=0.5``; ``"training": {...}`` -> ``.training(...)``;
 ``"num_gpus": 2`` -> 2 GPU learners; ``"num_workers"`` / ``"num_cpus_per_worker"`` -> env
 runners; ``"model"`` -> the RLModule's ``model_config``. ``local_dir`` -> ``storage_path``.

@@ -16,7 +16,7 @@ import torch.optim as optim
 from torch.cuda.amp import GradScaler  # 梯度缩放器
 
 from rllib_ext import tune  # was: from ray import tune
-from rllib_ext import PPOConfig  # was: from ray.rllib.algorithms.ppo import PPOConfig
+from rllib_ext.compat import PPOConfig  # was: from ray.rllib.algorithms.ppo import PPOConfig
 
 # 初始化梯度缩放器（用于混合精度训练）
 scaler = GradScaler(

@@ -18,7 +18,7 @@ Run: ``RLLIB_EXT_FIT_RESOURCES=1 RLLIB_EXT_MAX_ITERATIONS=3 python examples/tuto
 
 # ruff: noqa: E501, I001
 from rllib_ext import tune  # was: from ray import tune
-from rllib_ext import PPOConfig  # was: from ray.rllib.algorithms.ppo import PPOConfig
+from rllib_ext.compat import PPOConfig  # was: from ray.rllib.algorithms.ppo import PPOConfig
 
 # 创建PPO算法的详细配置对象
 config = (
@@ -124,7 +124,7 @@ if __name__ == "__main__":
     # 1. 加载最佳检查点：
     best_checkpoint = analysis.best_checkpoint
     # 2. 创建评估器：
-    from rllib_ext import PPO  # was: from ray.rllib.algorithms.ppo import PPO
+    from rllib_ext.compat import PPO  # was: from ray.rllib.algorithms.ppo import PPO
 
     trainer = PPO(config=config)
     trainer.restore(best_checkpoint)

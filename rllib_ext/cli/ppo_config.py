@@ -47,19 +47,31 @@ def check_settings(settings: TrainSettings) -> None:
         raise CLIError(f"PPO rejected the settings: {exc}") from None
 
 
+COMPAT_TRAINING_KEYS = ("communication_type", "model")
+"""``training`` keys (after the old names are resolved) that only the 2023 layer reads: the
+tutorial's ``communication={"type": ...}`` and its ``model={...}`` dict. A run with one of them
+is built on ``rllib_ext.compat.PPOConfig``."""
+
+
 def build_algo_config(settings: TrainSettings, *, config_cls: type | None = None) -> Any:
     """The PPO config ``rllib-ext train`` runs.
 
     Args:
-        config_cls: ``rllib_ext.PPOConfig`` (default) or RLlib's own ``PPOConfig`` (benchmark);
-            extension flags are only passed to rllib_ext's class.
+        config_cls: ``rllib_ext.PPOConfig`` (default; ``rllib_ext.compat.PPOConfig`` where
+            ``--training`` holds a key of :data:`COMPAT_TRAINING_KEYS`) or RLlib's own
+            ``PPOConfig`` (benchmark); extension flags are only passed to rllib_ext's classes.
 
     Raises:
         CLIError: a ``--training`` key or value that RLlib or rllib_ext rejects.
     """
     from rllib_ext.config import PPOConfig  # lazy: keeps Ray out of --help
 
-    config_cls = config_cls or PPOConfig
+    if config_cls is None:
+        config_cls = PPOConfig
+        if any(key in settings.training for key in COMPAT_TRAINING_KEYS):
+            from rllib_ext import compat  # lazy: keeps Ray out of --help
+
+            config_cls = compat.PPOConfig
     training = {**DEFAULT_TRAINING, **settings.training}
     if issubclass(config_cls, PPOConfig):
         training.update(settings.extensions)

@@ -17,7 +17,7 @@ Precedence, lowest first:
 rllib_ext keys (``amp``, ``gae``...) may appear in every layer, also inside ``training``; they
 are converted and checked like their flags and follow the same order, so an explicit flag beats
 ``--set``/``--training``/YAML, which beat the defaults. Old names (``fp16``, ``num_sgd_iter``)
-are resolved as in ``rllib_ext.PPOConfig.training()``.
+are resolved as in ``rllib_ext.compat.PPOConfig.training()``.
 
 Everything here runs before ``ray.init``, so bad input fails with one line and no Ray traceback.
 """

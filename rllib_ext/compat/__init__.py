@@ -1,12 +1,17 @@
 """The 2023 RLlib API that the tutorial (and most RLlib posts of that time) uses, in one place.
 
-Mapped onto RLlib's new API stack through rllib_ext's own classes, never by patching Ray:
+Opt in with ``from rllib_ext.compat import PPOConfig`` (and ``PPO``): :class:`rllib_ext.PPOConfig`
+is RLlib's config plus rllib_ext's flags only. Mapped onto RLlib's new API stack through
+rllib_ext's own classes, never by patching Ray:
 
-* :class:`LegacyAPIMixin` (in ``rllib_ext.PPOConfig``): ``.rollouts()``, ``.resources(num_gpus=,
+* :class:`PPOConfig` / :class:`PPO` (:mod:`rllib_ext.compat.ppo`): rllib_ext's classes with the
+  two mixins below and the old ``.training()`` keywords;
+* :class:`LegacyAPIMixin` (in :class:`PPOConfig`): ``.rollouts()``, ``.resources(num_gpus=,
   num_cpus=...)``, old dict keys, ``resources_total``;
-* :class:`LegacyAlgorithmMixin` (in ``rllib_ext.PPO``): ``episode_reward_mean`` & co. in every
+* :class:`LegacyAlgorithmMixin` (in :class:`PPO`): ``episode_reward_mean`` & co. in every
   result, a one-line error instead of an endless wait for missing hardware;
-* :mod:`rllib_ext.tune`: ``tune.run("PPO", ..., local_dir=..., resources_per_trial=...)``;
+* :mod:`rllib_ext.tune`: ``tune.run("PPO", ..., local_dir=..., resources_per_trial=...)``, where
+  ``"PPO"`` is :class:`PPO`;
 * ``RLLIB_EXT_FIT_RESOURCES=1``: scale a request to the machine;
 * :mod:`rllib_ext.compat.training_kwargs`: the old ``.training()`` keywords (``num_sgd_iter``,
   ``fp16``, the ``communication`` block).
@@ -20,6 +25,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from rllib_ext._versions import warn_if_untested
+
 if TYPE_CHECKING:
     from rllib_ext.compat.algorithm import LegacyAlgorithmMixin
     from rllib_ext.compat.config import AgentIdMapping, LegacyAPIMixin
@@ -28,6 +35,7 @@ if TYPE_CHECKING:
         add_legacy_metrics,
         legacy_metrics_on_train_result,
     )
+    from rllib_ext.compat.ppo import PPO, PPOConfig
     from rllib_ext.compat.resources import (
         FIT_RESOURCES_ENV,
         check_request,
@@ -39,6 +47,8 @@ if TYPE_CHECKING:
     from rllib_ext.compat.training_kwargs import TRAINING_ALIASES, split_extension_kwargs
 
 _HOMES = {
+    "PPO": "ppo",
+    "PPOConfig": "ppo",
     "LegacyAlgorithmMixin": "algorithm",
     "AgentIdMapping": "config",
     "LegacyAPIMixin": "config",
@@ -62,6 +72,8 @@ __all__ = [
     "AgentIdMapping",
     "LegacyAPIMixin",
     "LegacyAlgorithmMixin",
+    "PPO",
+    "PPOConfig",
     "add_legacy_metrics",
     "check_request",
     "fit_resources_enabled",
@@ -79,6 +91,8 @@ def __getattr__(name: str) -> Any:
     if home is None:
         raise AttributeError(f"module 'rllib_ext.compat' has no attribute {name!r}")
     value = getattr(importlib.import_module(f"rllib_ext.compat.{home}"), name)
+    if home == "ppo":
+        warn_if_untested()  # as for rllib_ext.PPOConfig; rllib_ext.config registers the env names
     globals()[name] = value
     return value
 

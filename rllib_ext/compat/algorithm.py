@@ -1,6 +1,6 @@
 """The 2023 behaviour of the ``PPO`` trainable: old result names, a resource check before Tune waits.
 
-:class:`LegacyAlgorithmMixin` sits in ``rllib_ext.PPO``'s bases before RLlib's ``PPO``.
+:class:`LegacyAlgorithmMixin` sits in ``rllib_ext.compat.PPO``'s bases before :class:`rllib_ext.PPO`.
 """
 
 from __future__ import annotations

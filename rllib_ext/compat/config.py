@@ -1,6 +1,7 @@
-"""The 2023 config API on :class:`rllib_ext.PPOConfig`, mapped onto RLlib's new API stack.
+"""The 2023 config API of :class:`rllib_ext.compat.PPOConfig`, mapped onto RLlib's new API stack.
 
-:class:`LegacyAPIMixin` sits in ``rllib_ext.PPOConfig``'s bases before RLlib's ``PPOConfig``:
+:class:`LegacyAPIMixin` sits in ``rllib_ext.compat.PPOConfig``'s bases before
+:class:`rllib_ext.PPOConfig`:
 
 * ``.rollouts(num_rollout_workers=, num_envs_per_worker=, rollout_fragment_length=,
   batch_mode=)`` -> ``.env_runners(num_env_runners=, num_envs_per_env_runner=, ...)``;
@@ -102,7 +103,7 @@ else:
 
 
 class LegacyAPIMixin(_ConfigBase):
-    """The 2023 API for an RLlib ``AlgorithmConfig`` subclass (``rllib_ext.PPOConfig``)."""
+    """The 2023 API for an RLlib ``AlgorithmConfig`` subclass (``rllib_ext.compat.PPOConfig``)."""
 
     callbacks_on_train_result: Any
     """RLlib's attribute (set in ``AlgorithmConfig.__init__``), declared for the type checker."""
@@ -123,6 +124,7 @@ class LegacyAPIMixin(_ConfigBase):
             # A stock "PPO" trainable built from this config's dict reports the old names too.
             self.callbacks_on_train_result = legacy_metrics_on_train_result
 
+    @override(AlgorithmConfig)
     def rollouts(
         self,
         *,
@@ -326,7 +328,7 @@ class LegacyAPIMixin(_ConfigBase):
         super().validate()
         if ray.is_initialized():
             # Only once Ray runs is it known what exists. The main process is Tune's to
-            # count (rllib_ext.PPO.default_resource_request); here only Ray's actors.
+            # count (rllib_ext.compat.PPO.default_resource_request); here only Ray's actors.
             check_request(self, include_main=False)
 
     def _fit_resources_if_asked(self) -> None:

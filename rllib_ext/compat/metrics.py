@@ -62,7 +62,7 @@ def legacy_metrics_on_train_result(
 ) -> None:
     """RLlib ``on_train_result`` callback form of :func:`add_legacy_metrics`.
 
-    ``rllib_ext.PPOConfig`` sets it as ``callbacks_on_train_result``, so a stock ``"PPO"``
+    ``rllib_ext.compat.PPOConfig`` sets it as ``callbacks_on_train_result``, so a stock ``"PPO"``
     trainable built from the config's dict reports the old names too.
     """
     add_legacy_metrics(result)

@@ -1,6 +1,6 @@
 """The 2023 tutorial's (and pre-2.10 RLlib's) ``.training()`` keywords, mapped onto today's.
 
-:func:`split_extension_kwargs` is the one entry: ``rllib_ext.PPOConfig.training()`` and the
+:func:`split_extension_kwargs` is the one entry: ``rllib_ext.compat.PPOConfig.training()`` and the
 command line's ``--training`` pass every keyword through it. Each old name maps to exactly one
 current setting (:data:`TRAINING_ALIASES`); the tutorial's ``communication`` block becomes
 ``grad_compression``, ``communication_type`` and ``grad_clip``. No Ray or torch import.
@@ -63,7 +63,7 @@ def _fp16_alias(value: Any) -> Any:
     return "fp16" if value else False
 
 
-# Old spellings accepted by `rllib_ext.PPOConfig.training()` and `--training`.
+# Old spellings accepted by `rllib_ext.compat.PPOConfig.training()` and `--training`.
 # Each maps to exactly one current setting (the function converts the value).
 TRAINING_ALIASES: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "num_sgd_iter": ("num_epochs", lambda v: v),
@@ -77,7 +77,7 @@ def split_extension_kwargs(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], d
     """Splits ``.training(**kwargs)`` into (extension flags, other kwargs), resolving aliases.
 
     The tutorial's ``communication`` block becomes ``grad_compression`` (a flag), ``grad_clip``
-    and ``communication_type`` (``rllib_ext.PPOConfig.training`` keywords).
+    and ``communication_type`` (``rllib_ext.compat.PPOConfig.training`` keywords).
 
     Raises:
         ValueError: an alias given together with its new name, a bad alias value, or a key of

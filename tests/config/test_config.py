@@ -13,6 +13,7 @@ import pytest
 from ray.rllib.algorithms.ppo import PPOConfig as StockPPOConfig
 
 import rllib_ext
+from rllib_ext import compat
 from rllib_ext import settings as settings_mod
 from rllib_ext.config_checks import check_algorithm_config, check_comm_resources
 from rllib_ext.learners.ppo import PPOExtTorchLearner
@@ -47,14 +48,14 @@ def test_training_sets_flags_and_rllib_args() -> None:
 
 
 def test_tutorial_aliases_map_to_current_names() -> None:
-    cfg = rllib_ext.PPOConfig().training(num_sgd_iter=5, sgd_minibatch_size=500)
+    cfg = compat.PPOConfig().training(num_sgd_iter=5, sgd_minibatch_size=500)
     assert cfg.num_epochs == 5
     assert cfg.minibatch_size == 500
 
 
 def test_alias_and_new_name_together_is_an_error() -> None:
     with pytest.raises(ValueError, match="num_sgd_iter.*num_epochs"):
-        rllib_ext.PPOConfig().training(num_sgd_iter=5, num_epochs=3)
+        compat.PPOConfig().training(num_sgd_iter=5, num_epochs=3)
 
 
 @pytest.mark.parametrize(
@@ -71,7 +72,6 @@ def test_alias_and_new_name_together_is_an_error() -> None:
         ({"amp": "fp8"}, r"amp='fp8' is not supported"),
         ({"amp_init_scale": math.inf}, r"amp_init_scale=inf is out of range.*finite number > 0"),
         ({"amp_init_scale": math.nan}, r"amp_init_scale=nan is out of range"),
-        ({"fp16": "false"}, r"fp16='false' must be a boolean.*a string is not a boolean"),
         ({"powersgd_rank": 2.0}, r"powersgd_rank=2.0 is out of range; allowed: an integer >= 1"),
         ({"compression_error_feedback": 1}, r"compression_error_feedback=1 must be a boolean"),
     ],
@@ -79,6 +79,13 @@ def test_alias_and_new_name_together_is_an_error() -> None:
 def test_bad_training_input_raises_value_error(kwargs: dict, pattern: str) -> None:
     with pytest.raises(ValueError, match=pattern):
         rllib_ext.PPOConfig().training(**kwargs)
+
+
+def test_bad_tutorial_alias_value_raises_value_error() -> None:
+    with pytest.raises(
+        ValueError, match=r"fp16='false' must be a boolean.*a string is not a boolean"
+    ):
+        compat.PPOConfig().training(fp16="false")
 
 
 def test_bad_value_does_not_half_apply() -> None:
@@ -156,14 +163,14 @@ def test_every_setting_has_a_docstring() -> None:
 
 
 def test_tutorial_communication_block_maps_to_settings() -> None:
-    cfg = rllib_ext.PPOConfig().training(
+    cfg = compat.PPOConfig().training(
         communication={"type": "GLOO", "compression": True, "grad_clip": 0.5}
     )
     assert cfg.communication_type == "gloo"  # checked at validate(), chooses nothing
     assert "comm_backend" not in cfg.learner_config_dict
     assert cfg.learner_config_dict["grad_compression"] == "fp16"
     assert cfg.grad_clip == 0.5
-    for clone in (cfg.copy(), rllib_ext.PPOConfig.from_dict(cfg.to_dict())):
+    for clone in (cfg.copy(), compat.PPOConfig.from_dict(cfg.to_dict())):
         assert clone.communication_type == "gloo"
 
 
@@ -202,12 +209,13 @@ def test_comm_backend_is_no_flag_and_old_stored_settings_still_load(
     ],
 )
 def test_bad_compression_input(kwargs: dict, pattern: str) -> None:
+    tutorial = any(key.startswith("communication") for key in kwargs)  # the 2023 block
     with pytest.raises(ValueError, match=pattern):
-        rllib_ext.PPOConfig().training(**kwargs)
+        (compat.PPOConfig if tutorial else rllib_ext.PPOConfig)().training(**kwargs)
 
 
 def test_nccl_without_gpus_is_an_error_at_validate() -> None:
-    cfg = rllib_ext.PPOConfig().environment("CartPole-v1")
+    cfg = compat.PPOConfig().environment("CartPole-v1")
     cfg.training(communication={"type": "NCCL"})
     cfg.learners(num_learners=2, num_gpus_per_learner=0)  # set after the type: still checked
     with pytest.raises(ValueError, match=r"communication type 'nccl'.*no GPU"):
@@ -362,7 +370,7 @@ def _config_with(config: Any, flags: dict[str, Any], rest: dict[str, Any]) -> An
     if "lambda_" in rest:
         config.update_from_dict({"lambda": rest["lambda_"]})  # the dict route: no early check
     if "communication_type" in rest:
-        # As a config dict carries it (to_dict() of an rllib_ext.PPOConfig, e.g. through Tune).
+        # As a config dict carries it (to_dict() of a compat.PPOConfig, e.g. through Tune).
         config.update_from_dict({"communication_type": rest["communication_type"]})
     return config
 
@@ -370,7 +378,8 @@ def _config_with(config: Any, flags: dict[str, Any], rest: dict[str, Any]) -> An
 @pytest.mark.parametrize("case", sorted(_BAD_COMBINATIONS))
 def test_both_config_routes_raise_the_same_error(case: str) -> None:
     flags, rest = _BAD_COMBINATIONS[case]
-    ours = _config_with(rllib_ext.PPOConfig(), flags, rest)
+    ours_cls = compat.PPOConfig if "communication_type" in rest else rllib_ext.PPOConfig
+    ours = _config_with(ours_cls(), flags, rest)
     with pytest.raises(ValueError) as from_validate:
         ours.validate()
 

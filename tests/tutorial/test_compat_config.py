@@ -1,4 +1,4 @@
-"""The 2023 config API on rllib_ext.PPOConfig (no Ray started)."""
+"""The 2023 config API on rllib_ext.compat.PPOConfig (no Ray started)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import logging
 import pytest
 from ray.rllib.algorithms.ppo import PPO as StockPPO
 
-import rllib_ext
+from rllib_ext import compat
 from rllib_ext.compat import (
     AgentIdMapping,
     learners_for_num_gpus,
@@ -34,9 +34,9 @@ def _no_fitting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RLLIB_EXT_FIT_RESOURCES", raising=False)
 
 
-def _tutorial_ch2() -> rllib_ext.PPOConfig:
+def _tutorial_ch2() -> compat.PPOConfig:
     return (
-        rllib_ext.PPOConfig()
+        compat.PPOConfig()
         .environment("CartPole-v1")
         .resources(num_gpus=2, num_cpus=8)
         .rollouts(num_rollout_workers=6)
@@ -55,14 +55,14 @@ def _tutorial_ch2() -> rllib_ext.PPOConfig:
 )
 def test_num_gpus_maps_to_learners(num_gpus: float, expected: dict) -> None:
     assert learners_for_num_gpus(num_gpus) == expected
-    config = rllib_ext.PPOConfig().resources(num_gpus=num_gpus)
+    config = compat.PPOConfig().resources(num_gpus=num_gpus)
     assert (config.num_learners, config.num_gpus_per_learner) == tuple(expected.values())
 
 
 @pytest.mark.parametrize("bad", [-1, 2.5, "2", True])
 def test_bad_num_gpus_names_the_value(bad: object) -> None:
     with pytest.raises(ValueError, match=rf"num_gpus={bad!r}"):
-        rllib_ext.PPOConfig().resources(num_gpus=bad)
+        compat.PPOConfig().resources(num_gpus=bad)
 
 
 def test_tutorial_chapter2_builder_chain(caplog: pytest.LogCaptureFixture) -> None:
@@ -75,7 +75,7 @@ def test_tutorial_chapter2_builder_chain(caplog: pytest.LogCaptureFixture) -> No
 
 
 def test_rollouts_maps_every_old_keyword() -> None:
-    config = rllib_ext.PPOConfig().rollouts(
+    config = compat.PPOConfig().rollouts(
         num_rollout_workers=3,
         num_envs_per_worker=2,
         rollout_fragment_length=50,
@@ -86,11 +86,11 @@ def test_rollouts_maps_every_old_keyword() -> None:
     assert config.rollout_fragment_length == 50
     assert config.batch_mode == "complete_episodes"
     with pytest.raises(ValueError, match=r"\['num_banana_workers'\]"):
-        rllib_ext.PPOConfig().rollouts(num_banana_workers=1)
+        compat.PPOConfig().rollouts(num_banana_workers=1)
 
 
 def test_resources_per_worker_keywords_go_to_env_runners() -> None:
-    config = rllib_ext.PPOConfig().resources(
+    config = compat.PPOConfig().resources(
         num_cpus_per_worker=2, num_gpus_per_worker=0.1, placement_strategy="SPREAD"
     )
     assert config.num_cpus_per_env_runner == 2
@@ -99,7 +99,7 @@ def test_resources_per_worker_keywords_go_to_env_runners() -> None:
 
 
 def test_tutorial_chapter3_dict() -> None:
-    config = rllib_ext.PPOConfig.from_dict(copy.deepcopy(TUTORIAL_CH3_DICT))
+    config = compat.PPOConfig.from_dict(copy.deepcopy(TUTORIAL_CH3_DICT))
     assert config.env == "CartPole-v1"
     assert (config.num_learners, config.num_gpus_per_learner) == (2, 1)
     assert config.num_env_runners == 6 and config.num_cpus_per_env_runner == 1
@@ -112,8 +112,8 @@ def test_tutorial_chapter3_dict() -> None:
 
 
 def test_dict_round_trip_through_to_dict_is_stable() -> None:
-    config = rllib_ext.PPOConfig.from_dict(copy.deepcopy(TUTORIAL_CH3_DICT))
-    again = rllib_ext.PPOConfig().update_from_dict(config.to_dict())
+    config = compat.PPOConfig.from_dict(copy.deepcopy(TUTORIAL_CH3_DICT))
+    again = compat.PPOConfig().update_from_dict(config.to_dict())
     for key in ("num_learners", "num_gpus_per_learner", "num_env_runners", "kl_coeff"):
         assert getattr(again, key) == getattr(config, key), key
     assert again.extension_settings == config.extension_settings
@@ -121,25 +121,25 @@ def test_dict_round_trip_through_to_dict_is_stable() -> None:
 
 
 def test_old_training_aliases_at_top_level_of_a_dict() -> None:
-    config = rllib_ext.PPOConfig.from_dict({"num_sgd_iter": 7, "sgd_minibatch_size": 64})
+    config = compat.PPOConfig.from_dict({"num_sgd_iter": 7, "sgd_minibatch_size": 64})
     assert config.num_epochs == 7 and config.minibatch_size == 64
 
 
 def test_num_envs_per_worker_and_conflicts() -> None:
-    config = rllib_ext.PPOConfig.from_dict({"num_envs_per_worker": 4})
+    config = compat.PPOConfig.from_dict({"num_envs_per_worker": 4})
     assert config.num_envs_per_env_runner == 4
     with pytest.raises(ValueError, match=r"'num_workers'=2 and 'num_env_runners'=3 disagree"):
-        rllib_ext.PPOConfig.from_dict({"num_workers": 2, "num_env_runners": 3})
+        compat.PPOConfig.from_dict({"num_workers": 2, "num_env_runners": 3})
 
 
 def test_horizon_is_refused_with_the_fix() -> None:
-    assert rllib_ext.PPOConfig.from_dict({"horizon": None}).num_env_runners == 2
+    assert compat.PPOConfig.from_dict({"horizon": None}).num_env_runners == 2
     with pytest.raises(ValueError, match=r"horizon=2000.*TimeLimit.*max_episode_steps=2000"):
-        rllib_ext.PPOConfig.from_dict({"horizon": 2000})
+        compat.PPOConfig.from_dict({"horizon": 2000})
 
 
 def test_one_argument_policy_mapping_fn_is_adapted() -> None:
-    config = rllib_ext.PPOConfig().multi_agent(
+    config = compat.PPOConfig().multi_agent(
         policies={"shared_policy"}, policy_mapping_fn=lambda agent_id: "shared_policy"
     )
     assert isinstance(config.policy_mapping_fn, AgentIdMapping)
@@ -148,12 +148,12 @@ def test_one_argument_policy_mapping_fn_is_adapted() -> None:
     def two_args(agent_id, episode, **kwargs):
         return "shared_policy"
 
-    config = rllib_ext.PPOConfig().multi_agent(policies={"p"}, policy_mapping_fn=two_args)
+    config = compat.PPOConfig().multi_agent(policies={"p"}, policy_mapping_fn=two_args)
     assert config.policy_mapping_fn is two_args
 
 
 def test_config_carries_the_old_metric_callback_for_stock_ppo() -> None:
-    config = rllib_ext.PPOConfig()
+    config = compat.PPOConfig()
     assert config.callbacks_on_train_result is legacy_metrics_on_train_result
     assert config.to_dict()["callbacks_on_train_result"] is legacy_metrics_on_train_result
 
@@ -170,7 +170,7 @@ def test_config_carries_the_old_metric_callback_for_stock_ppo() -> None:
     ],
 )
 def test_resource_request_matches_rllibs_placement_group(setup) -> None:
-    config = setup(rllib_ext.PPOConfig().environment("CartPole-v1"))
+    config = setup(compat.PPOConfig().environment("CartPole-v1"))
     bundles = StockPPO.default_resource_request(config.to_dict()).bundles
     assert config.resources_total == {
         "cpu": sum(b.get("CPU", 0) for b in bundles),
@@ -192,7 +192,7 @@ def test_check_names_what_was_asked_what_exists_and_the_flag() -> None:
 
 
 def test_check_without_main_process_counts_a_local_learners_gpu() -> None:
-    config = rllib_ext.PPOConfig().env_runners(num_env_runners=0).resources(num_gpus=1)
+    config = compat.PPOConfig().env_runners(num_env_runners=0).resources(num_gpus=1)
     with pytest.raises(ValueError, match="0 CPUs and 1 GPUs"):
         check_request(config, include_main=False, have=Machine(cpu=2, gpu=0, where="m"))
 
@@ -216,7 +216,7 @@ def test_fit_scales_down_only(have: Machine, learners: tuple, runners: int) -> N
 
 
 def test_fit_cuts_cpu_learners_and_nccl(caplog: pytest.LogCaptureFixture) -> None:
-    config = rllib_ext.PPOConfig.from_dict(copy.deepcopy(TUTORIAL_CH3_DICT))
+    config = compat.PPOConfig.from_dict(copy.deepcopy(TUTORIAL_CH3_DICT))
     with caplog.at_level(logging.WARNING, logger="rllib_ext"):
         changes = fit_to_machine(config, have=Machine(cpu=3, gpu=0, where="a test cluster"))
     assert changes["communication_type"] == ("nccl", "gloo")
@@ -241,7 +241,7 @@ def test_fit_env_var_refits_a_communication_type_set_in_a_builder_chain(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("RLLIB_EXT_FIT_RESOURCES", "1")
-    config = rllib_ext.PPOConfig().environment("CartPole-v1")
+    config = compat.PPOConfig().environment("CartPole-v1")
     config.training(communication={"type": "NCCL"})  # CPU learners (the default): RLlib runs gloo
     assert config.communication_type == "gloo"
     config.validate()

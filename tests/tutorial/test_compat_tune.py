@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 from ray.tune.stopper import CombinedStopper
 
-import rllib_ext
-from rllib_ext import tune
+from rllib_ext import compat, tune
 from rllib_ext.compat import LEGACY_METRICS, add_legacy_metrics
 
 
@@ -35,7 +34,7 @@ def recorder(monkeypatch: pytest.MonkeyPatch) -> _Recorder:
 
 
 def test_tutorial_call_shape_is_translated(recorder: _Recorder, tmp_path: Any) -> None:
-    config = rllib_ext.PPOConfig().environment("CartPole-v1")
+    config = compat.PPOConfig().environment("CartPole-v1")
     out = tune.run(
         "PPO",
         config=config,
@@ -48,7 +47,7 @@ def test_tutorial_call_shape_is_translated(recorder: _Recorder, tmp_path: Any) -
     )
     assert out == "analysis"
     ((trainable, kwargs),) = recorder.calls
-    assert trainable is rllib_ext.PPO
+    assert trainable is compat.PPO
     assert kwargs["storage_path"] == os.path.abspath(tmp_path / "results")
     assert kwargs["resources_per_trial"] is None  # the trainable reserves it itself
     assert (kwargs["metric"], kwargs["mode"]) == ("episode_reward_mean", "max")
@@ -148,6 +147,6 @@ def test_fitting_happens_in_the_driver_for_a_dict_config(
     tutorial = {"env": "CartPole-v1", "num_gpus": 64, "num_workers": 512, "kl_coeff": 0.3}
     tune.run("PPO", config=dict(tutorial))
     config = recorder.calls[0][1]["config"]
-    assert isinstance(config, rllib_ext.PPOConfig)  # Tune turns it into the fitted dict
+    assert isinstance(config, compat.PPOConfig)  # Tune turns it into the fitted dict
     assert config.kl_coeff == 0.3 and config.num_env_runners < 512
     check_request(config, include_main=True)  # fits what this process sees

@@ -2,7 +2,7 @@
 
 * ``episode_reward_mean`` equals ``env_runners/episode_return_mean`` in every result, and a
   Tune stop rule on the old name fires on the iteration where the new name crosses;
-* a stock ``"PPO"`` built from ``rllib_ext.PPOConfig().to_dict()`` reports the old names too;
+* a stock ``"PPO"`` built from ``rllib_ext.compat.PPOConfig().to_dict()`` reports the old names too;
 * the tutorial's follow-up (``analysis.best_checkpoint``, ``PPO(config=config)``,
   ``restore``, ``evaluate``) works;
 * a request the cluster cannot grant fails in one line instead of waiting.
@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import rllib_ext
-from rllib_ext import tune
+from rllib_ext import compat, tune
 
 pytestmark = pytest.mark.slow
 
@@ -24,9 +23,9 @@ THRESHOLD = 40.0
 """A return CartPole's random policy (about 22) does not reach but PPO does in a few iterations."""
 
 
-def _small_config() -> rllib_ext.PPOConfig:
+def _small_config() -> compat.PPOConfig:
     return (
-        rllib_ext.PPOConfig()
+        compat.PPOConfig()
         .environment("CartPole-v1")
         .env_runners(num_env_runners=0)
         .training(train_batch_size=500, minibatch_size=100, num_epochs=4, lr=1e-3)
@@ -60,7 +59,7 @@ def test_stop_rule_on_the_old_name_fires_where_the_new_name_crosses(
 
     # The tutorial's follow-up (chapter 5, in its comments).
     best_checkpoint = analysis.best_checkpoint
-    trainer = rllib_ext.PPO(config=_small_config())
+    trainer = compat.PPO(config=_small_config())
     try:
         trainer.restore(best_checkpoint)
         assert trainer.training_iteration == len(results)
