@@ -9,7 +9,7 @@ OLDEST_RAY   ?= 2.58.0
 OLDEST_VENV  ?= .venv-ray$(OLDEST_RAY)
 OLDEST_STAMP := $(OLDEST_VENV)/.installed
 
-.PHONY: install install-oldest train test test-oldest test-fast test-slow test-learning lint bench clean
+.PHONY: install install-oldest train test test-oldest test-fast test-slow test-learning conformance conformance-table lint bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -39,9 +39,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check rllib_ext tests examples benchmarks
 	$(VENV)/bin/mypy
 
-## What CI runs: lint, then every test except StarCraft II and the long learning comparisons.
+## What CI runs: lint, then every test except StarCraft II, the long learning comparisons and the
+## whole conformance set (its fast subset runs here; `make conformance` is its own CI job).
 test: lint
-	$(VENV)/bin/pytest -m "not sc2 and not learning" -q
+	$(VENV)/bin/pytest -m "not sc2 and not learning and not conformance" -q
 
 ## Quick loop while developing: skips the end-to-end runs marked slow.
 test-fast: lint
@@ -59,6 +60,15 @@ test-slow: $(STAMP)
 
 test-learning: $(STAMP)
 	$(VENV)/bin/pytest -m learning -q
+
+## RLlib's own PPO example scripts, stock vs rllib_ext (tests/conformance/rllib_examples.py): the
+## whole set as tests (`make test` runs the fast subset only); `conformance-table` runs the set once
+## more and prints the table of README's "Reliability" section (exit 1 where a row does not conform).
+conformance: $(STAMP)
+	$(VENV)/bin/pytest -q -m "conformance or not conformance" tests/conformance/test_rllib_examples.py
+
+conformance-table: $(STAMP)
+	$(PY) -m tests.conformance.rllib_examples --json benchmarks/results/conformance/rllib_examples.json
 
 bench: $(STAMP)
 	$(PY) benchmarks/gae.py
