@@ -2,11 +2,14 @@
 
 Selected by the runner table (:mod:`rllib_ext.runner_table`, rule ``fused_single_agent``) for
 single-agent configs with ``fused_sampling=True`` (the default) where the user chose no
-env-runner class. Each ``sample()`` runs :class:`~.sampler.SingleAgentFusedSampler` where
-:func:`~.rules.single_agent_rule` finds no reason against it, else RLlib's own loop over the same
-vector env, with one warning per runner and reason (``FusedSamplingFallback``);
-``env_runners/fused_sampling`` is 1 when the last ``sample()`` ran fused. ``amp_inference`` is supported (:class:`~rllib_ext.env_runners.
-AMPInference`). Switching between the two loops resets the envs (each keeps its own episodes).
+env-runner class. Each ``sample()`` goes to the runner's ``dispatch``
+(:class:`~rllib_ext.fused.dispatch.FusedDispatch`), which runs
+:class:`~.sampler.SingleAgentFusedSampler` where :func:`~.rules.single_agent_rule` finds no
+reason against it, else RLlib's own loop over the same vector env, with one warning per runner
+and reason (``FusedSamplingFallback``); ``env_runners/fused_sampling`` is 1 when the last
+``sample()`` ran fused. ``amp_inference`` is supported
+(:class:`~rllib_ext.env_runners.AMPInference`). Switching between the two loops resets the envs
+(each keeps its own episodes).
 """
 
 from __future__ import annotations
@@ -30,16 +33,27 @@ FUSED_METRIC = "fused_sampling"
 """``env_runners/<this>``: 1 when the last ``sample()`` ran the fused loop, else 0."""
 
 
-class FusedSingleAgentEnvRunner(FusedDispatch, AMPInference, SingleAgentEnvRunner):
+class FusedSingleAgentEnvRunner(AMPInference, SingleAgentEnvRunner):
     """``SingleAgentEnvRunner`` whose time-step and episode sampling runs as one batched
-    forward per step where exact (see the module docstring)."""
+    forward per step where exact (see the module docstring). Holds its fused loop (``fused``)
+    and the per-call choice between it and RLlib's (``dispatch``)."""
 
+    fused_sampling: bool = True
+    """False: always RLlib's loop (class or instance attribute; the ``fused_sampling`` setting
+    applies too)."""
     fused: SingleAgentFusedSampler
+    dispatch: FusedDispatch
 
     @override(SingleAgentEnvRunner)
     def __init__(self, *, config: AlgorithmConfig, **kwargs: Any) -> None:
         super().__init__(config=config, **kwargs)
-        self.init_fused(SingleAgentFusedSampler(self))
+        self.fused = SingleAgentFusedSampler(self)
+        self.dispatch = FusedDispatch(self, self.fused)
+
+    @property
+    def fused_last(self) -> bool:
+        """Whether the last ``sample()`` ran the fused loop."""
+        return self.dispatch.last
 
     @override(EnvRunner)
     def sample(self, *args: Any, **kwargs: Any) -> Any:
@@ -54,12 +68,15 @@ class FusedSingleAgentEnvRunner(FusedDispatch, AMPInference, SingleAgentEnvRunne
         if fused is not None:
             fused.drop()
 
-    @override(FusedDispatch)
+    @override(SingleAgentEnvRunner)
+    def _sample(self, **kwargs: Any) -> list[Any]:
+        """RLlib's ``_sample`` arguments, handed to :attr:`dispatch` with RLlib's own."""
+        return self.dispatch.sample(super()._sample, **kwargs)
+
     def fused_rule(
         self, *, num_timesteps: int | None, random_actions: bool, explore: bool | None = None
     ) -> str | None:
         return single_agent_rule(self, random_actions=random_actions)
 
-    @override(FusedDispatch)
     def fused_sample(self, **kwargs: Any) -> list[SingleAgentEpisode]:
         return self.fused.sample(**kwargs)

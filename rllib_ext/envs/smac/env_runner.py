@@ -46,7 +46,7 @@ SMAX_GROUPS_METRIC = "smax_fused_groups"
 """``env_runners/<this>``: groups of battles the fused loop alternates between."""
 
 
-class SMAXVectorEnvRunner(FusedDispatch, AMPInference, MultiAgentEnvRunner):
+class SMAXVectorEnvRunner(AMPInference, MultiAgentEnvRunner):
     """``MultiAgentEnvRunner`` whose vector env is one :class:`SMAXVectorEnv` (with
     ``amp_inference`` support: :class:`rllib_ext.env_runners.AMPInference`).
 
@@ -56,7 +56,13 @@ class SMAXVectorEnvRunner(FusedDispatch, AMPInference, MultiAgentEnvRunner):
     and for episode-count sampling (evaluation), RLlib's own loop runs over the same vector env,
     with one warning per runner and reason (``FusedSamplingFallback``).
     ``env_runners/smax_fused_sampling`` is 1 when the last ``sample()`` took the fused path.
+    Holds its fused loop (``fused``) and the per-call choice between it and RLlib's
+    (``dispatch``).
     """
+
+    fused_sampling: bool = True
+    """False: always RLlib's loop (class or instance attribute; the ``fused_sampling`` setting
+    applies too)."""
 
     fused_fallback_message = (
         "SMAX batched stepping: sampling with RLlib's MultiAgentEnvRunner loop "
@@ -73,11 +79,20 @@ class SMAXVectorEnvRunner(FusedDispatch, AMPInference, MultiAgentEnvRunner):
     env is built (class or instance attribute; ``make_env()`` rebuilds)."""
     env: SMAXVectorEnv | None
     fused: SMAXFusedSampler
+    dispatch: FusedDispatch
 
     @override(MultiAgentEnvRunner)
     def __init__(self, config: AlgorithmConfig, **kwargs: Any) -> None:
         super().__init__(config=config, **kwargs)
-        self.init_fused(SMAXFusedSampler(self))
+        self.fused = SMAXFusedSampler(self)
+        self.dispatch = FusedDispatch(
+            self, self.fused, fallback_message=self.fused_fallback_message
+        )
+
+    @property
+    def fused_last(self) -> bool:
+        """Whether the last ``sample()`` ran the fused loop."""
+        return self.dispatch.last
 
     @property
     def vector_env(self) -> SMAXVectorEnv:
@@ -133,7 +148,11 @@ class SMAXVectorEnvRunner(FusedDispatch, AMPInference, MultiAgentEnvRunner):
         self.metrics.log_value(SMAX_GROUPS_METRIC, self.vector_env.battles.num_groups, window=1)
         return episodes
 
-    @override(FusedDispatch)
+    @override(MultiAgentEnvRunner)
+    def _sample(self, **kwargs: Any) -> list[Any]:
+        """RLlib's ``_sample`` arguments, handed to :attr:`dispatch` with RLlib's own."""
+        return self.dispatch.sample(super()._sample, **kwargs)
+
     def fused_rule(
         self, *, num_timesteps: int | None, random_actions: bool, explore: bool | None = None
     ) -> str | None:
@@ -141,7 +160,6 @@ class SMAXVectorEnvRunner(FusedDispatch, AMPInference, MultiAgentEnvRunner):
             self, num_timesteps=num_timesteps, random_actions=random_actions, explore=explore
         )
 
-    @override(FusedDispatch)
     def fused_sample(
         self, *, num_timesteps: int | None, explore: bool, force_reset: bool, **kwargs: Any
     ) -> list[MultiAgentEpisode]:
