@@ -42,12 +42,6 @@ EPISODE_STATS = (
 LENGTHS = tuple(s for s in EPISODE_STATS if "return" not in s)
 OUR_KEY = re.compile(r"(^|/)(fused_sampling|smax_fused_sampling|gae|batching|amp|comm)(/|$)")
 """Result keys rllib_ext adds under its own names (README, "Components")."""
-LEGACY_KEYS = frozenset(
-    ("episode_reward_mean", "episode_reward_min", "episode_reward_max", "episode_len_mean")
-    + ("episodes_this_iter", "episodes_total", "timesteps_total")
-)
-"""The 2023 result names ``rllib_ext.PPO`` adds at the top level (README, "The tutorial's 2023
-API"; ``rllib_ext.compat.metrics.LEGACY_METRICS``, checked by the tests)."""
 FALLBACK = re.compile(r"FusedSamplingFallback: (?:fused sampling off, RLlib's loop runs: )?(.*)")
 FALLBACK_PREFIX = "fused sampling off, RLlib's loop runs: "
 
@@ -421,9 +415,9 @@ def unexplained_missing(missing: Iterable[str], ext_keys: set[str]) -> list[str]
 
 
 def documented_extra(key: str) -> bool:
-    """A result key rllib_ext documents as its own (its prefixes, the 2023 aliases)."""
+    """A result key rllib_ext documents as its own (its prefixes, its pieces' timers)."""
     ours = {f"{PIECE_TIMERS}{piece}" for piece in ("compiled_gae", "vectorized_episodes_to_batch")}
-    return bool(OUR_KEY.search(key)) or key in LEGACY_KEYS or key in ours
+    return bool(OUR_KEY.search(key)) or key in ours
 
 
 TIMING_KEYS = re.compile(r"^perf/")
