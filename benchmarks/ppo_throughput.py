@@ -20,10 +20,10 @@ term, no entropy bonus, local sampling (``num_env_runners=0``, what ``rllib-ext 
   episodes reaches 450 (RLlib: ``env_runners/episode_return_mean``, 100-episode window; SB3: its
   100-episode ``ep_info_buffer``), per seed, all three, stopping at ``--max-steps``.
 
-Each measurement runs in a fresh process, so each framework gets its own defaults (rllib-ext:
-``OMP_WAIT_POLICY=PASSIVE``, set by ``import rllib_ext``; the others: OpenMP's spinning default;
-every row records the policy it ran under). Rows: one JSON line per measurement after a header
-row (command, commit, machine, versions).
+Each measurement runs in a fresh process, so each framework gets its own thread defaults
+(rllib-ext: one torch thread, set by its learner, ``cpu_threads`` auto; the others: torch's
+default, one per core; every row records ``OMP_WAIT_POLICY`` as the environment had it). Rows: one
+JSON line per measurement after a header row (command, commit, machine, versions).
 """
 
 from __future__ import annotations
@@ -194,9 +194,9 @@ def _header(args: argparse.Namespace) -> dict[str, Any]:
 
 def _worker(task: dict[str, Any]) -> dict[str, Any]:
     """One measurement in this (fresh) process: rllib-ext is imported first for its own rows
-    (as a user's script would, so its OpenMP wait policy applies), never for the others."""
+    (as a user's script would), never for the others."""
     if task["framework"] == "rllib-ext":
-        import rllib_ext  # noqa: F401  (before torch: OMP_WAIT_POLICY, rllib_ext._threads)
+        import rllib_ext  # noqa: F401
     import ray
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
