@@ -24,6 +24,8 @@ __all__ = [
     "PRIVATE_NAMES",
     "PrivateName",
     "check_component",
+    "cyclic_iterator_settings",
+    "logged_stats_kind",
     "done_episodes_for_metrics",
     "encoder_config",
     "env_to_module",
@@ -59,6 +61,16 @@ _TORCH_LEARNER = "ray.rllib.core.learner.torch.torch_learner:TorchLearner"
 _ENV_RUNNER = "ray.rllib.env.env_runner:EnvRunner"
 _MA_RUNNER = "ray.rllib.env.multi_agent_env_runner:MultiAgentEnvRunner"
 _MA_EPISODE = "ray.rllib.env.multi_agent_episode:MultiAgentEpisode"
+_CYCLIC_ITERATOR = "ray.rllib.utils.minibatch_utils:MiniBatchCyclicIterator"
+# Its constructor's keywords, each kept as `self._<keyword>`.
+_CYCLIC_ITERATOR_SETTINGS = (
+    "batch",
+    "num_epochs",
+    "minibatch_size",
+    "shuffle_batch_per_epoch",
+    "num_total_minibatches",
+)
+_METRICS_LOGGER = "ray.rllib.utils.metrics.metrics_logger:MetricsLogger"
 _SA_RUNNER = "ray.rllib.env.single_agent_env_runner:SingleAgentEnvRunner"
 _SA_EPISODE = "ray.rllib.env.single_agent_episode:SingleAgentEpisode"
 _CONFIG = "ray.rllib.algorithms.algorithm_config:AlgorithmConfig"
@@ -91,6 +103,13 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     PrivateName(_LEARNER, "_learner_index", "attribute", "learners/ppo.py: rank-0 logging"),
     PrivateName(_TORCH_LEARNER, "_params", "attribute", "learners/ppo.py: AMP unscaled grads"),
     PrivateName(_TORCH_LEARNER, "_module_optimizers", "attribute", "learners/ppo.py: AMP"),
+    PrivateName(
+        _LEARNER, "_create_iterator_if_necessary", "method", "learners/ppo.py: minibatches"
+    ),
+    *(
+        PrivateName(_CYCLIC_ITERATOR, f"_{name}", "attribute", "learners/minibatches.py")
+        for name in _CYCLIC_ITERATOR_SETTINGS
+    ),
     PrivateName(
         "ray.rllib.utils.checkpoints:Checkpointable",
         "_check_component",
@@ -152,6 +171,13 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         "state_key",
         "learners/checkpoint_state.py: our metrics apart from RLlib's",
     ),
+    PrivateName(_METRICS_LOGGER, "_get_key", "method", "learners/deferred_metrics.py"),
+    PrivateName(
+        "ray.rllib.utils.metrics.stats.series:SeriesStats",
+        "_window",
+        "attribute",
+        "learners/deferred_metrics.py",
+    ),
     PrivateName("ray._raylet:Config", "initialize", "method", "cli/ray_auth.py: RAY_AUTH_MODE"),
     PrivateName("torch", "_foreach_norm", "function", "learners/lean.py: clipping"),
     PrivateName("torch", "_foreach_mul_", "function", "learners/lean.py: clipping"),
@@ -194,6 +220,22 @@ def learner_param(learner: Any, param_ref: Any) -> Any:
 def optimizer_module_ids(learner: Any) -> list[Any]:
     """The module ids that own at least one optimizer."""
     return list(learner._module_optimizers)
+
+
+def cyclic_iterator_settings(batch_iter: Any) -> dict[str, Any]:
+    """A ``MiniBatchCyclicIterator``'s train batch and settings, as keywords for its
+    constructor (before it yielded anything)."""
+    return {name: getattr(batch_iter, f"_{name}") for name in _CYCLIC_ITERATOR_SETTINGS}
+
+
+def logged_stats_kind(logger: Any, key: tuple[Any, ...]) -> tuple[str, Any] | None:
+    """``(reduce, window)`` of the stats a ``MetricsLogger`` keeps under ``key`` (``window``
+    ``None`` for stats without one), or ``None`` where it keeps none yet."""
+    stats = logger._get_key(key, key_error=False)
+    identifier = getattr(stats, "stats_cls_identifier", None)
+    if identifier is None:
+        return None
+    return str(identifier), getattr(stats, "_window", None)
 
 
 def check_component(obj: Any, name: str, components: Any, not_components: Any) -> bool:

@@ -117,9 +117,13 @@ class UpdateSettings:
     """How the learner runs each minibatch step."""
 
     lean_update: bool = True
-    """RLlib's update step in fewer kernel launches (``rllib_ext.learners.lean``): fused Adam, one
-    finite check over all gradients, foreach norms for ``grad_clip_by="global_norm"``; the same
-    update within fp32 rounding. ``False``: RLlib's single-tensor Adam and per-tensor checks."""
+    """RLlib's update with less work around the maths, the same update within fp32 rounding:
+    per minibatch step fused Adam, one finite check over all gradients and foreach norms for
+    ``grad_clip_by="global_norm"`` (``rllib_ext.learners.lean``); minibatches gathered by index
+    in RLlib's order (``rllib_ext.learners.minibatches``; RLlib's iterator for sequence batches,
+    with a warning and ``learners/__all_modules__/rllib_ext/indexed_minibatches`` 0); the
+    minibatches' metrics handed to the ``MetricsLogger`` once per update
+    (``rllib_ext.learners.deferred_metrics``). ``False``: RLlib's update as it is."""
 
     cpu_threads: int = field(default=0, metadata=_bounds(integer=True, ge=0))
     """torch's intra-op threads in a process where the learner runs on the CPU, set with

@@ -24,7 +24,6 @@ from typing import Any, ClassVar
 
 import torch
 from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
-from ray.rllib.connectors.learner import GeneralAdvantageEstimation
 from ray.rllib.core import COMPONENT_METRICS_LOGGER, COMPONENT_OPTIMIZER
 from ray.rllib.core.learner.learner import Learner
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
@@ -36,10 +35,6 @@ from rllib_ext import _rllib_private as private
 from rllib_ext._threads import apply_cpu_threads
 from rllib_ext.amp_choice import resolve_amp_dtype
 from rllib_ext.config_checks import check_algorithm_config
-from rllib_ext.connectors.batching import install_vectorized_batching
-from rllib_ext.connectors.death_mask import DeathMask
-from rllib_ext.connectors.gae import CompiledGAE, check_bootstrap_step_before_gae
-from rllib_ext.connectors.value_norm import UpdateValueNorm, value_norms
 from rllib_ext.learners import lean
 from rllib_ext.learners.amp import AMPState
 from rllib_ext.learners.checkpoint_state import (
@@ -48,7 +43,13 @@ from rllib_ext.learners.checkpoint_state import (
     split_metrics_state,
 )
 from rllib_ext.learners.comm import CommCompression
-from rllib_ext.modules.learner_options import LearnerOptionsAPI, wants_death_masking
+from rllib_ext.learners.deferred_metrics import deferred_metrics
+from rllib_ext.learners.minibatches import indexed_or_rllib
+from rllib_ext.learners.pipeline import (
+    install_compiled_gae,
+    install_module_options,
+    install_vectorized_batching_pieces,
+)
 from rllib_ext.modules.value_norm import ValueNormAPI
 from rllib_ext.settings import ExtensionSettings
 
@@ -97,75 +98,10 @@ class PPOExtTorchLearner(PPOTorchLearner):
             dtype=resolve_amp_dtype(amp_settings.amp, self.device),
         )
         self._modules_in_step: tuple[ModuleID, ...] = ()
-        self._install_gae()
-        self._install_batching()
-        self._install_module_options()
-
-    def _install_batching(self) -> None:
-        pipeline = private.learner_connector(self)
-        if (
-            self.ext_settings.batching.batching != "vectorized"
-            or pipeline is None
-            or not self.config.add_default_connectors_to_learner_pipeline
-        ):
-            return
-        if not install_vectorized_batching(pipeline, multi_agent=self.config.is_multi_agent):
-            logger.info(
-                "batching='vectorized': the learner pipeline is not RLlib's default order "
-                "(custom learner_connector pieces?); RLlib's batching pieces are kept."
-            )
-
-    def _install_gae(self) -> None:
-        gae = self.ext_settings.gae
-        pipeline = private.learner_connector(self)
-        if (
-            gae.gae != "compiled"
-            or pipeline is None
-            or not self.config.add_default_connectors_to_learner_pipeline
-        ):
-            return
-        check_bootstrap_step_before_gae(pipeline)
-        # PPOLearner.build appended RLlib's GAE piece last; put ours in its place.
-        pipeline.insert_after(
-            GeneralAdvantageEstimation,
-            CompiledGAE(
-                gamma=self.config.gamma,
-                lambda_=self.config.lambda_,
-                standardize_advantages=gae.standardize_advantages,
-            ),
-        )
-        pipeline.remove(GeneralAdvantageEstimation)
-
-    def _install_module_options(self) -> None:
-        """``DeathMask`` before and ``UpdateValueNorm`` after the GAE piece, where modules ask."""
-        want_mask = any(
-            wants_death_masking(self.module[mid].unwrapped()) for mid in self.module.keys()
-        )
-        want_norm = bool(value_norms(self.module))
-        if not (want_mask or want_norm):
-            return
-        pipeline = private.learner_connector(self)
-        pieces = [] if pipeline is None else list(pipeline.connectors)
-        gae = next((p for p in pieces if isinstance(p, GeneralAdvantageEstimation)), None)
-        if pipeline is None or gae is None:
-            raise ValueError(
-                "model_config death_masking=True / value_norm=True need the learner's own "
-                "connector pipeline with its GAE piece, but it has none (num_aggregator_actors_"
-                f"per_learner={self.config.num_aggregator_actors_per_learner}, add_default_"
-                "connectors_to_learner_pipeline="
-                f"{self.config.add_default_connectors_to_learner_pipeline}). Fix: keep "
-                "num_aggregator_actors_per_learner=0 and the default connectors, or turn the "
-                "options off."
-            )
-        classes = [type(p) for p in pieces]
-        if want_mask and DeathMask not in classes:
-            pipeline.insert_before(type(gae), DeathMask())
-        if want_norm and UpdateValueNorm not in classes:
-            pipeline.insert_after(type(gae), UpdateValueNorm())
-        for mid in self.module.keys():
-            module = self.module[mid].unwrapped()
-            if isinstance(module, LearnerOptionsAPI):
-                module.claim_learner_options()
+        self._minibatch_fallbacks: set[str] = set()
+        install_compiled_gae(self, self.ext_settings.gae)
+        install_vectorized_batching_pieces(self, self.ext_settings.batching)
+        install_module_options(self)
 
     @override(TorchLearner)
     def _make_modules_ddp_if_necessary(self) -> None:
@@ -176,7 +112,7 @@ class PPOExtTorchLearner(PPOTorchLearner):
     def add_module(self, **kwargs: Any) -> Any:
         spec = super().add_module(**kwargs)
         self.comm.register(self.module)
-        self._install_module_options()
+        install_module_options(self)
         return spec
 
     # -- loss -------------------------------------------------------------------------------
@@ -212,6 +148,26 @@ class PPOExtTorchLearner(PPOTorchLearner):
             return super().compute_loss_for_module(
                 module_id=module_id, config=config, batch=normalized, fwd_out=fwd_out
             )
+
+    # -- update -----------------------------------------------------------------------------
+
+    @override(Learner)
+    def update(self, *args: Any, **kwargs: Any) -> Any:
+        """RLlib's update; with ``lean_update``, the metrics its minibatches log reach the
+        ``MetricsLogger`` once per update (``rllib_ext.learners.deferred_metrics``)."""
+        if not self.ext_settings.update.lean_update:
+            return super().update(*args, **kwargs)
+        with deferred_metrics(self):
+            return super().update(*args, **kwargs)
+
+    @override(Learner)
+    def _create_iterator_if_necessary(self, **kwargs: Any) -> Any:
+        # RLlib's choice of iterator; with lean_update, its cyclic iterator's minibatches by
+        # index gathers in the same order (rllib_ext.learners.minibatches).
+        batch_iter = super()._create_iterator_if_necessary(**kwargs)
+        if not self.ext_settings.update.lean_update:
+            return batch_iter
+        return indexed_or_rllib(self, batch_iter, self._minibatch_fallbacks)
 
     # -- update step ------------------------------------------------------------------------
 

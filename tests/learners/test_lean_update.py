@@ -29,12 +29,14 @@ def _config(config_cls, env: str, **training):
         .env_runners(num_env_runners=0, num_envs_per_env_runner=4)
         .rl_module(model_config={"fcnet_hiddens": [32, 32]})
         .training(
-            train_batch_size=400,
-            minibatch_size=64,
-            num_epochs=3,
-            grad_clip=0.5,
-            lr=1e-3,
-            **training,
+            **{
+                "train_batch_size": 400,
+                "minibatch_size": 64,
+                "num_epochs": 3,
+                "grad_clip": 0.5,
+                "lr": 1e-3,
+                **training,
+            }
         )
         .debugging(seed=1)
     )
@@ -47,9 +49,9 @@ def _episodes(env: str):
     return runner.sample(num_timesteps=400, explore=True)
 
 
-def _update(learner, episodes) -> None:
+def _update(learner, episodes) -> dict:
     np.random.seed(0)  # the minibatch iterator's shuffle (the same order in both learners)
-    learner.update(
+    return learner.update(
         episodes=copy.deepcopy(episodes),  # the learner connector extends episodes in place
         timesteps={"num_env_steps_sampled_lifetime": 400},
         num_epochs=3,
@@ -95,6 +97,64 @@ def test_lean_update_equals_rllibs_update_within_fp32(env):
     # RLlib's own learner (its GAE, batching and step) lands on the same weights too.
     for name, value in stock.module["default_policy"].state_dict().items():
         torch.testing.assert_close(ours[name], value, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def _flat(results, prefix=()):
+    for key, value in results.items():
+        if isinstance(value, dict):
+            yield from _flat(value, (*prefix, key))
+        else:
+            # A Stats object (what Learner.update returns) or a plain value.
+            plain = value.peek() if hasattr(value, "peek") else value
+            yield "/".join(map(str, (*prefix, key))), plain
+
+
+_OURS_ONLY = ("rllib_ext/indexed_minibatches",)
+_TIMED = ("throughput", "_time", "time_ms", "timer")
+
+
+@pytest.mark.parametrize(
+    ("env", "training", "module"),
+    [
+        ("CartPole-v1", {}, {}),
+        ("CartPole-v1", {"grad_clip_by": "norm", "use_kl_loss": True, "kl_coeff": 0.3}, {}),
+        ("CartPole-v1", {"lr": [[0, 1e-3], [800, 1e-4]], "grad_clip_by": "value"}, {}),
+        ("Pendulum-v1", {"entropy_coeff": 0.01}, {"vf_share_layers": True}),
+    ],
+    ids=["discrete", "kl-norm-clip", "lr-schedule-value-clip", "continuous-shared-layers"],
+)
+def test_lean_loop_equals_rllibs_update_rows_weights_and_metrics(env, training, module):
+    """lean_update=True (indexed minibatches, metrics handed over once per update, fused Adam)
+    against lean_update=False (RLlib's iterator, per-minibatch logging, RLlib's Adam): the same
+    weights, Adam state and result metrics after two updates."""
+
+    def config(lean: bool):
+        return _config(PPOConfig, env, lean_update=lean, **training).rl_module(
+            model_config={"fcnet_hiddens": [32, 32], **module}
+        )
+
+    episodes = _episodes(env)
+    lean_learner = _learner(config(True))
+    weights = lean_learner.module["default_policy"].get_state()
+    reference = _learner(config(False), weights)
+    for _ in range(2):
+        ours = dict(_flat(_update(lean_learner, episodes)))
+        theirs = dict(_flat(_update(reference, episodes)))
+    assert ours.pop("__all_modules__/rllib_ext/indexed_minibatches") == 1.0
+    assert sorted(ours) == sorted(theirs)
+    for key, value in theirs.items():
+        if any(t in key for t in _TIMED):
+            continue
+        if isinstance(value, str):
+            assert ours[key] == value, key
+        else:
+            assert float(ours[key]) == pytest.approx(
+                float(value), rel=1e-4, abs=1e-6, nan_ok=True
+            ), key
+    for name, value in reference.module["default_policy"].state_dict().items():
+        torch.testing.assert_close(
+            lean_learner.module["default_policy"].state_dict()[name], value, rtol=1e-5, atol=1e-6
+        )
 
 
 def test_clip_gradients_matches_rllibs_formula():

@@ -1,0 +1,212 @@
+"""Minibatches as index gathers over the train batch, in exactly RLlib's order.
+
+:class:`IndexedMinibatches` yields what RLlib's ``MiniBatchCyclicIterator`` yields for the same
+train batch and settings, without slicing and concatenating ``SampleBatch``es:
+
+* per module, the same rows in the same order: RLlib's cycling over the end of the batch (a
+  minibatch that reaches the end takes the rest and continues from the start; reaching the end
+  counts an epoch) and its per-epoch ``SampleBatch.shuffle``, which draws
+  ``np.random.permutation(count)`` from NumPy's global generator at the same moments (after each
+  pass over a module's batch, modules in the batch's order), so the generator ends in the same
+  state too;
+* each minibatch a ``MultiAgentBatch`` of ``SampleBatch``es with ``concat_samples``' flags
+  (``num_grad_updates`` 0.0 where the batch has none) and the train batch's ``env_steps``;
+* each column gathered with one index per minibatch (``tensor[index]``, an index tensor on the
+  column's device; NumPy columns with a NumPy index);
+* at the end, each module batch left permuted as RLlib's in-place shuffles leave it.
+
+Scope (:func:`why_not_indexed`): modules without a time rank (no ``seq_lens`` column, module not
+stateful) whose columns are torch tensors or NumPy arrays, possibly nested in dicts.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from ray.rllib.core import ALL_MODULES
+from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+from ray.rllib.utils.minibatch_utils import MiniBatchCyclicIterator
+
+from rllib_ext import _rllib_private as private
+
+__all__ = [
+    "INDEXED_MINIBATCHES_KEY",
+    "IndexedMinibatches",
+    "RLlibMinibatches",
+    "indexed_or_rllib",
+    "why_not_indexed",
+]
+
+INDEXED_MINIBATCHES_KEY = "rllib_ext/indexed_minibatches"
+"""``learners/__all_modules__/rllib_ext/indexed_minibatches``: 1.0 where the last update's
+minibatches were :class:`IndexedMinibatches`, 0.0 where RLlib's iterator ran instead."""
+
+
+class RLlibMinibatches(UserWarning):
+    """RLlib's minibatch iterator runs instead of :class:`IndexedMinibatches` (the message says
+    why); warned once per learner and reason, and ``INDEXED_MINIBATCHES_KEY`` is 0.0."""
+
+
+def _leaves(value: Any) -> Iterator[Any]:
+    if isinstance(value, Mapping):
+        for item in value.values():
+            yield from _leaves(item)
+    else:
+        yield value
+
+
+def why_not_indexed(module: Any, batch: MultiAgentBatch) -> str | None:
+    """Why :class:`IndexedMinibatches` cannot reproduce RLlib's iterator for ``batch``, or
+    ``None`` where it can. ``module`` is the learner's ``MultiRLModule``."""
+    for mid, module_batch in batch.policy_batches.items():
+        if module_batch.get(SampleBatch.SEQ_LENS) is not None or module[mid].is_stateful():
+            return f"module {mid!r} trains on sequences (a stateful module or seq_lens)"
+        for key, value in module_batch.items():
+            for leaf in _leaves(value):
+                if not isinstance(leaf, (torch.Tensor, np.ndarray)):
+                    return f"column {key!r} of module {mid!r} holds {type(leaf).__name__} values"
+    return None
+
+
+class _Cursor:
+    """One module's position: where the next minibatch starts in the current row order."""
+
+    def __init__(self, batch: SampleBatch) -> None:
+        self.batch = batch
+        self.count = len(batch)
+        self.order: np.ndarray | None = None  # rows of `batch` in current order; None: 0..count
+        self.start = 0
+        self.epochs = 0
+        self._index_cache: dict[torch.device, torch.Tensor] = {}
+
+    def rows(self, begin: int, end: int) -> np.ndarray:
+        if self.order is None:
+            return np.arange(begin, end)
+        return self.order[begin:end]
+
+    def shuffle(self) -> None:
+        # SampleBatch.shuffle: new[i] = old[permutation[i]].
+        permutation = np.random.permutation(self.count)
+        self.order = permutation if self.order is None else self.order[permutation]
+
+    def gather(self, rows: np.ndarray) -> SampleBatch:
+        self._index_cache.clear()
+        data = {key: self._take(value, rows) for key, value in self.batch.items()}
+        updates = self.batch.num_grad_updates
+        return SampleBatch(
+            data,
+            seq_lens=[],
+            _time_major=self.batch.time_major,
+            _zero_padded=self.batch.zero_padded,
+            _max_seq_len=self.batch.max_seq_len,
+            _num_grad_updates=0.0 if updates is None else float(updates),
+        )
+
+    def _take(self, value: Any, rows: np.ndarray) -> Any:
+        if isinstance(value, Mapping):
+            return {key: self._take(item, rows) for key, item in value.items()}
+        if isinstance(value, torch.Tensor):
+            index = self._index_cache.get(value.device)
+            if index is None:
+                index = torch.from_numpy(rows).to(value.device)
+                self._index_cache[value.device] = index
+            return value[index]
+        return value[rows]
+
+    def leave_in_final_order(self) -> None:
+        """Permutes the batch in place as RLlib's shuffles would have left it."""
+        if self.order is not None:
+            rows = self.order
+            self._index_cache.clear()
+            self.batch.update({key: self._take(value, rows) for key, value in self.batch.items()})
+            self.batch.intercepted_values = {}
+            self.order = None
+
+
+class IndexedMinibatches:
+    """RLlib's ``MiniBatchCyclicIterator(batch, num_epochs=..., minibatch_size=...,
+    shuffle_batch_per_epoch=..., num_total_minibatches=...)`` by index gathers (see the module
+    docstring); iterate it once."""
+
+    def __init__(
+        self,
+        batch: MultiAgentBatch,
+        *,
+        num_epochs: int,
+        minibatch_size: int,
+        shuffle_batch_per_epoch: bool,
+        num_total_minibatches: int = 0,
+    ) -> None:
+        self.env_steps = len(batch)
+        self.num_epochs = num_epochs
+        self.minibatch_size = minibatch_size
+        self.shuffle = shuffle_batch_per_epoch
+        self.num_total_minibatches = num_total_minibatches
+        self.cursors = {mid: _Cursor(b) for mid, b in batch.policy_batches.items()}
+
+    def _more(self, yielded: int) -> bool:
+        if self.num_total_minibatches > 0:
+            return yielded < self.num_total_minibatches
+        return min(c.epochs for c in self.cursors.values()) < self.num_epochs
+
+    def _next_rows(self, mid: Any, cursor: _Cursor) -> np.ndarray:
+        if cursor.count == 0:
+            raise ValueError(
+                f"The batch for module_id {mid} is empty! This will create an infinite loop "
+                "because we need to cover the same number of samples for each module_id."
+            )
+        start, needed, pieces = cursor.start, self.minibatch_size, []
+        # RLlib's loop: `>=`, so a minibatch ending exactly at the batch end counts the epoch.
+        while start + needed >= cursor.count:
+            pieces.append(cursor.rows(start, cursor.count))
+            needed -= cursor.count - start
+            start = 0
+            cursor.epochs += 1
+            if self.shuffle:
+                cursor.shuffle()
+        end = start + needed
+        if end > start:
+            pieces.append(cursor.rows(start, end))
+        cursor.start = end
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+    def __iter__(self) -> Iterator[MultiAgentBatch]:
+        yielded = 0
+        try:
+            while self._more(yielded):
+                minibatch = {
+                    mid: cursor.gather(self._next_rows(mid, cursor))
+                    for mid, cursor in self.cursors.items()
+                }
+                yield MultiAgentBatch(minibatch, self.env_steps)
+                yielded += 1
+        finally:
+            for cursor in self.cursors.values():
+                cursor.leave_in_final_order()
+
+
+def indexed_or_rllib(learner: Any, batch_iter: Iterable, warned: set[str]) -> Iterable:
+    """:class:`IndexedMinibatches` in place of ``batch_iter`` where that is RLlib's
+    ``MiniBatchCyclicIterator`` and :func:`why_not_indexed` finds nothing; else ``batch_iter``
+    (RLlib's dummy iterator, a data iterator, nothing to update). Logs
+    :data:`INDEXED_MINIBATCHES_KEY`; a :class:`RLlibMinibatches` warning once per reason in
+    ``warned`` (the learner's set)."""
+    if type(batch_iter) is not MiniBatchCyclicIterator:
+        return batch_iter
+    settings = private.cyclic_iterator_settings(batch_iter)
+    why_not = why_not_indexed(learner.module, settings["batch"])
+    learner.metrics.log_value((ALL_MODULES, INDEXED_MINIBATCHES_KEY), float(not why_not), window=1)
+    if why_not:
+        if why_not not in warned:
+            warned.add(why_not)
+            warnings.warn(
+                f"rllib_ext: RLlib's minibatch iterator runs for this update: {why_not}.",
+                RLlibMinibatches,
+                stacklevel=2,
+            )
+        return batch_iter
+    return IndexedMinibatches(**settings)
