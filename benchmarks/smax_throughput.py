@@ -148,13 +148,13 @@ def measure_sampling(
     forward and action sampling) and ``rest`` (the rest of ``sample()``: module batch, episode
     bookkeeping and chunk building outside the overlap).
     """
-    from rllib_ext.profiling.env_runner import PROFILE_KEY, EnvRunnerTimers, timed_subclass
+    from rllib_ext.profiling.env_runner import PROFILE_KEY, profiled_env_runner_class
 
     config = _config(map_name, num_envs, path, seed=0).training(**(training or {}))
     if model is not None:
         config = _with_module(config, model)
     runner_cls = config.env_runner_cls
-    runner = (timed_subclass(EnvRunnerTimers, runner_cls) if phases else runner_cls)(config=config)
+    runner = (profiled_env_runner_class(runner_cls) if phases else runner_cls)(config=config)
     if path == "batched":
         runner.fused_sampling = False
     chunk = num_envs * steps_per_env

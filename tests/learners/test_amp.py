@@ -312,13 +312,13 @@ def test_two_learners_take_the_same_overflow_decision() -> None:
 
 
 def test_amp_inference_runs_env_runner_forward_in_bf16_and_keeps_fp32_logp() -> None:
-    from rllib_ext.env_runners import AMPInference
+    from rllib_ext.env_runners import AMPSingleAgentEnvRunner
 
     algo = _config(amp="bf16", amp_inference=True).build_algo()
     try:
         runner = algo.env_runner
-        assert isinstance(runner, AMPInference)  # the fused single-agent runner opts in
-        assert runner._amp_inference_dtype == torch.bfloat16
+        assert isinstance(runner, AMPSingleAgentEnvRunner)  # the fused single-agent runner is one
+        assert runner.features.amp.dtype == torch.bfloat16
         seen = []
         linear = next(m for m in runner.module.modules() if isinstance(m, torch.nn.Linear))
         linear.register_forward_hook(lambda m, i, o: seen.append(o.dtype))

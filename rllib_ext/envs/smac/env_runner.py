@@ -8,9 +8,10 @@ connectors, callbacks, metrics) is RLlib's. StarCraft II backends keep RLlib's r
 
 Visible in the results as ``env_runners/smax_batched_envs`` (battles per compiled call) and
 ``env_runners/smax_fused_groups`` (groups of battles the fused loop alternates between).
-``amp_inference=True`` keeps this runner: it opts into :class:`~rllib_ext.env_runners.AMPInference`
-(the forward runs under the learner's autocast dtype, its outputs cast back to float32 before
-actions and ``action_logp`` are computed).
+``amp_inference=True`` keeps this runner: it derives from
+:class:`~rllib_ext.env_runners.AMPMultiAgentEnvRunner` and holds its features (``features``: the
+forward runs under the learner's autocast dtype, its outputs cast back to float32 before actions
+and ``action_logp`` are computed).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.utils.annotations import override
 
 from rllib_ext import _rllib_private as private
-from rllib_ext.env_runners import AMPInference
+from rllib_ext.env_runners import AMPMultiAgentEnvRunner
 from rllib_ext.envs.smac.factory import smax_env_config
 from rllib_ext.envs.smac.sampling import SMAXFusedSampler, gc_paused, smax_rule
 from rllib_ext.envs.smac.vector import SMAXVectorEnv
@@ -46,9 +47,9 @@ SMAX_GROUPS_METRIC = "smax_fused_groups"
 """``env_runners/<this>``: groups of battles the fused loop alternates between."""
 
 
-class SMAXVectorEnvRunner(AMPInference, MultiAgentEnvRunner):
-    """``MultiAgentEnvRunner`` whose vector env is one :class:`SMAXVectorEnv` (with
-    ``amp_inference`` support: :class:`rllib_ext.env_runners.AMPInference`).
+class SMAXVectorEnvRunner(AMPMultiAgentEnvRunner):
+    """``MultiAgentEnvRunner`` whose vector env is one :class:`SMAXVectorEnv` (holding
+    :class:`rllib_ext.env_runners.AMPMultiAgentEnvRunner`'s features).
 
     With ``fused_sampling`` (default on; the setting, or a runner attribute) time-step
     sampling runs as arrays (:class:`~rllib_ext.envs.smac.sampling.SMAXFusedSampler`) wherever
