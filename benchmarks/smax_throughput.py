@@ -206,6 +206,8 @@ def measure_env_only(map_name: str, *, num_envs: int, seconds: float) -> float:
 
 def measure_train(map_name: str, *, settings: str, iters: int) -> dict[str, float]:
     """Env steps per second of ``algo.train()`` over ``iters`` iterations after a warm-up one."""
+    from rllib_ext.envs.smac.env_runner import SMAX_BATCHED_METRIC, SMAX_FUSED_METRIC
+
     spec = TRAIN_SETTINGS[settings]
     config = _config(
         map_name,
@@ -233,8 +235,8 @@ def measure_train(map_name: str, *, settings: str, iters: int) -> dict[str, floa
         runners = result["env_runners"]
         return {
             "env_steps_per_s": steps / wall,
-            "batched_envs": float(runners.get("smax_batched_envs", 0.0)),
-            "fused": float(runners.get("smax_fused_sampling", 0.0)),
+            "batched_envs": float(runners.get(SMAX_BATCHED_METRIC, 0.0)),
+            "fused": float(runners.get(SMAX_FUSED_METRIC, 0.0)),
         }
     finally:
         algo.stop()

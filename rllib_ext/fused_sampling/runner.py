@@ -6,7 +6,7 @@ env-runner class. Each ``sample()`` goes to the runner's ``dispatch``
 (:class:`~rllib_ext.fused.dispatch.FusedDispatch`), which runs
 :class:`~.sampler.SingleAgentFusedSampler` where :func:`~.rules.single_agent_rule` finds no
 reason against it, else RLlib's own loop over the same vector env, with one warning per runner
-and reason (``FusedSamplingFallback``); ``env_runners/fused_sampling`` is 1 when the last
+and reason (``FusedSamplingFallback``); ``env_runners/rllib_ext/fused_sampling`` is 1 when the last
 ``sample()`` ran fused. It derives from
 :class:`~rllib_ext.env_runners.AMPSingleAgentEnvRunner`, so it holds that runner's features
 (``features``: ``amp_inference``) around the whole call. Switching between the two loops resets the envs
@@ -30,7 +30,7 @@ from rllib_ext.fused_sampling.sampler import SingleAgentFusedSampler
 
 __all__ = ["FUSED_METRIC", "FusedSingleAgentEnvRunner"]
 
-FUSED_METRIC = "fused_sampling"
+FUSED_METRIC = "rllib_ext/fused_sampling"
 """``env_runners/<this>``: 1 when the last ``sample()`` ran the fused loop, else 0."""
 
 

@@ -4,7 +4,7 @@
 ``param_space``) selects ``Profiling<Base>`` subclasses of the config's EnvRunner and Learner (one
 layer each, handing to a timer object: :mod:`.env_runner`, :mod:`.learner`), which log through
 RLlib's ``MetricsLogger``, and adds :class:`ProfilerCallback`: each timed iteration's result gets
-``rllib_ext_profile/<phase>`` shares, and ``out_dir`` gets ``breakdown.json``/``.txt``, the top
+``rllib_ext/profile/<phase>`` shares, and ``out_dir`` gets ``breakdown.json``/``.txt``, the top
 operators (``top_ops.txt``) and the Chrome trace (``trace/learner.pt.trace.json.gz``, for
 TensorBoard or https://ui.perfetto.dev) of the next iteration's learner update.
 """
@@ -30,7 +30,8 @@ __all__ += ["check_out_dir", "enable_profiling"]
 
 logger = logging.getLogger(__name__)
 
-RESULT_KEY = "rllib_ext_profile"
+RESULT_KEY = "rllib_ext/profile"
+"""The result key of a timed iteration's shares (``wall_s`` and one per phase)."""
 TRACE_FILE = "learner.pt.trace.json.gz"
 """Under ``<out_dir>/trace``: TensorBoard's PyTorch profiler plugin reads ``*.pt.trace.json.gz``."""
 CONFIG_KEYS = (

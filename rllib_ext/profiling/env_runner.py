@@ -1,7 +1,7 @@
 """The phase clock and the env runner's timer (:class:`SampleTimer`, held by ``Profiling<Base>``).
 
-One ``sample()`` call logs ``profile/<phase>_s`` (``reduce="sum"``: the result holds
-``env_runners/profile/<phase>_s`` summed over EnvRunners) for ``sample`` (the whole call),
+One ``sample()`` call logs ``rllib_ext/profile/<phase>_s`` (``reduce="sum"``: the result holds
+``env_runners/rllib_ext/profile/<phase>_s`` summed over EnvRunners) for ``sample`` (the whole call),
 ``env_step``, ``connectors`` and ``inference`` (see :data:`~rllib_ext.profiling.breakdown.SOURCES`).
 
 Profiling applies to any runner class (a user's, RLlib's recording runner, ours), so it is no
@@ -30,7 +30,7 @@ from rllib_ext import _rllib_private as private
 __all__ = ["PROFILE_KEY", "PhaseClock", "PipelineMark", "SampleTimer", "profiled"]
 __all__ += ["profiled_env_runner_class"]
 
-PROFILE_KEY = "profile"
+PROFILE_KEY = "rllib_ext/profile"
 """Metrics key under which EnvRunners and Learners log their phase seconds."""
 
 
@@ -59,7 +59,7 @@ class PhaseClock:
             self.seconds[phase] += time.perf_counter() - start
 
     def log(self, metrics: Any, *key: str) -> None:
-        """Logs ``(*key, "profile", "<phase>_s")`` into a ``MetricsLogger`` and starts over."""
+        """Logs ``(*key, PROFILE_KEY, "<phase>_s")`` into a ``MetricsLogger`` and starts over."""
         for phase, seconds in self.seconds.items():
             metrics.log_value((*key, PROFILE_KEY, f"{phase}_s"), seconds, reduce="sum")
         self.seconds.clear()

@@ -1,6 +1,6 @@
 """The Learner's timer (:class:`UpdateTimer`, held by ``Profiling<Base>``) and the PyTorch trace.
 
-One ``Learner.update`` logs ``__all_modules__/profile/<phase>_s`` (summed over its minibatches)
+One ``Learner.update`` logs ``__all_modules__/rllib_ext/profile/<phase>_s`` (summed over its minibatches)
 for ``update``, ``connector``, ``forward``, ``loss``, ``backward``, ``optimizer`` and
 ``grad_comm``: the time with a gradient bucket in flight, from the records rllib_ext's
 compression hooks give their public observers (see :data:`~rllib_ext.profiling.breakdown.SOURCES`).
