@@ -119,7 +119,7 @@ def test_ppo_runs_report_every_component_metric(
         assert metrics[f"learners/{mid}/rllib_ext/gae/compiled"] == 1.0
         assert metrics[f"learners/{mid}/rllib_ext/batching/vectorized"] == 1.0
         if row["preset"].startswith("smax"):
-            assert metrics["env_runners/smax_batched_envs"] > 1
+            assert metrics["env_runners/rllib_ext/smax_batched_envs"] > 1
             assert f"learners/{mid}/rllib_ext/value_norm/std" in metrics
             assert f"learners/{mid}/rllib_ext/death_mask/dead_fraction" in metrics
 
