@@ -39,8 +39,9 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check rllib_ext tests examples benchmarks
 	$(VENV)/bin/mypy
 
-## What CI runs: lint, then every test except StarCraft II, the long learning comparisons and the
-## whole conformance set (its fast subset runs here; `make conformance` is its own CI job).
+## The README's test command: lint, then every test except StarCraft II, the long learning
+## comparisons and the whole conformance set (its fast subset runs here; CI, `.ci/run`, runs
+## `make conformance` right after it).
 test: lint
 	$(VENV)/bin/pytest -m "not sc2 and not learning and not conformance" -q
 

@@ -47,8 +47,8 @@ def steps_to_reward(
         "return": report.episode_return,
         "env_steps": report.env_steps,
         "wall_s": report.wall_s,
-        "dtype": learner.get("amp/dtype", "float32"),
-        "skipped_steps": learner.get("amp/skipped_steps_lifetime", 0),
+        "dtype": learner.get("rllib_ext/amp/dtype", "float32"),
+        "skipped_steps": learner.get("rllib_ext/amp/skipped_steps_lifetime", 0),
     }
 
 

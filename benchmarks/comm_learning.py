@@ -67,7 +67,7 @@ def run_one(compressor: str, seed: int, *, stop_reward: float, max_env_steps: in
             result = algo.train()
             max_diff = max(max_diff, _max_rank_diff(algo))
             comm = result.get("learners", {}).get("default_policy", {})
-            ratio = comm.get("comm/compression_ratio", ratio)
+            ratio = comm.get("rllib_ext/comm/compression_ratio", ratio)
             episode_return, steps = episode_return_of(result), env_steps_of(result)
             if episode_return >= stop_reward or steps >= max_env_steps:
                 break

@@ -200,6 +200,7 @@ def expected_metrics(preset: str, module_id: str, amp_dtype: torch.dtype | None)
     from rllib_ext.connectors.gae import GAE_IMPL_KEY, GAE_TIME_KEY
     from rllib_ext.connectors.value_norm import MEAN_KEY, STD_KEY
     from rllib_ext.envs.smac.env_runner import SMAX_BATCHED_METRIC, SMAX_FUSED_METRIC
+    from rllib_ext.learners.amp import AMP_METRIC
 
     learner = [GAE_IMPL_KEY, GAE_TIME_KEY, BATCHING_IMPL_KEY]
     runner: list[str] = []
@@ -207,9 +208,9 @@ def expected_metrics(preset: str, module_id: str, amp_dtype: torch.dtype | None)
         learner += [MEAN_KEY, STD_KEY, DEAD_FRACTION_KEY]
         runner += [SMAX_BATCHED_METRIC, SMAX_FUSED_METRIC]
         if amp_dtype is not None:
-            learner.append("amp/dtype")
+            learner.append(f"{AMP_METRIC}/dtype")
         if amp_dtype == torch.float16:
-            learner += ["amp/loss_scale", "amp/skipped_steps"]
+            learner += [f"{AMP_METRIC}/loss_scale", f"{AMP_METRIC}/skipped_steps"]
     return [f"learners/{module_id}/{k}" for k in learner] + [f"env_runners/{k}" for k in runner]
 
 
@@ -264,7 +265,7 @@ def _ppo_one(preset: str, gpus: int, sizes: Sizes) -> dict[str, Any]:
         "env_steps": steps,
         "seconds": seconds,
         "env_steps_per_s": steps / seconds,
-        "amp_dtype": flat.get(f"learners/{module_id}/amp/dtype", "float32"),
+        "amp_dtype": flat.get(f"learners/{module_id}/rllib_ext/amp/dtype", "float32"),
         "metrics": {k: flat[k] for k in expected if k in flat},
         "missing_metrics": [k for k in expected if k not in flat],
         "jax_backend": jax.default_backend() if jax is not None else None,
@@ -352,9 +353,9 @@ def run_chapter4(
         "episode_reward_mean": last.get("episode_reward_mean"),
         "num_gpus_per_learner": config["num_gpus_per_learner"],
         "amp": config["learner_config_dict"]["amp"],
-        "amp_dtype": learner.get("amp/dtype"),
-        "loss_scale": learner.get("amp/loss_scale"),
-        "skipped_steps_lifetime": learner.get("amp/skipped_steps_lifetime"),
+        "amp_dtype": learner.get("rllib_ext/amp/dtype"),
+        "loss_scale": learner.get("rllib_ext/amp/loss_scale"),
+        "skipped_steps_lifetime": learner.get("rllib_ext/amp/skipped_steps_lifetime"),
         "tiny_batch": dry_run,
     }
     ok = (

@@ -11,7 +11,7 @@ Commands (no CPU lock needed: it only reads files)::
 
 Input: a run directory of ``rllib-ext train`` (or Tune) or its ``progress.csv``
 (``num_env_steps_sampled_lifetime``, ``env_runners/episode_return_mean``,
-``env_runners/win_rate``, ``time_total_s``), or a JSON-lines file: one JSON object per line, as ``benchmarks/smax_learning.py learn`` and
+``env_runners/rllib_ext/win_rate``, ``time_total_s``), or a JSON-lines file: one JSON object per line, as ``benchmarks/smax_learning.py learn`` and
 ``benchmarks/train_cartpole.py --curves`` print them; lines that are not JSON objects (logs)
 are skipped, and so is a ``{"header": {...}}`` line (the file's command, commit, machine and
 settings). A row has ``env_steps`` and ``wall_s`` and any of the metrics below; rows that lack
@@ -63,7 +63,7 @@ PROGRESS_COLUMNS = {
     "num_env_steps_sampled_lifetime": "env_steps",
     "time_total_s": "wall_s",
     "env_runners/episode_return_mean": "episode_return_mean",
-    "env_runners/win_rate": "train_win_rate",
+    "env_runners/rllib_ext/win_rate": "train_win_rate",
 }
 
 

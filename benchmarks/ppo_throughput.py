@@ -138,7 +138,7 @@ def throughput(framework: str, env: str, iters: int) -> dict[str, Any]:
         total = time.perf_counter() - start
         steps = result["env_runners"]["num_env_steps_sampled_lifetime"] - steps0
         runner = algo.env_runner
-        fused = result["env_runners"].get("fused_sampling")
+        fused = result["env_runners"].get("rllib_ext/fused_sampling")
         start = time.perf_counter()
         sampled = sum(sum(len(e) for e in runner.sample(num_timesteps=BATCH)) for _ in range(iters))
         sampling = time.perf_counter() - start

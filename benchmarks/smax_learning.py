@@ -3,7 +3,7 @@
 Not part of CI (minutes of CPU). Two parts:
 
 ``learn``: shared-policy PPO (rllib_ext.PPOConfig, action-masked module, optional central critic)
-on SMAX maps. Prints one line per iteration (env steps, wall time, ``env_runners/win_rate`` over
+on SMAX maps. Prints one line per iteration (env steps, wall time, ``env_runners/rllib_ext/win_rate`` over
 the last 100 training episodes of the stochastic policy, and every ``--eval-every`` iterations
 the greedy win rate over 100 fresh episodes, SMAC's usual "test win rate"), then a final greedy
 evaluation over ``--eval-episodes``. Stops when the greedy win rate reaches
@@ -331,14 +331,14 @@ def learn(args: argparse.Namespace) -> None:
             runners = result.get("env_runners", {})  # absent when a sample call timed out
             steps = int(result["num_env_steps_sampled_lifetime"])
             iteration = int(result["training_iteration"])
-            win_rate = float(runners.get("win_rate", float("nan")))
+            win_rate = float(runners.get("rllib_ext/win_rate", float("nan")))
             row = {
                 "iter": iteration,
                 "env_steps": steps,
                 "wall_s": round(time.perf_counter() - start, 1),
                 "train_win_rate": round(win_rate, 3),
                 "return": round(float(runners.get("episode_return_mean", np.nan)), 3),
-                "dead_enemies": round(float(runners.get("dead_enemies", np.nan)), 2),
+                "dead_enemies": round(float(runners.get("rllib_ext/dead_enemies", np.nan)), 2),
                 "iter_s": round(float(result.get("time_this_iter_s", np.nan)), 2),
             }
             if iteration % args.eval_every == 0:

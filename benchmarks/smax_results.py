@@ -56,7 +56,7 @@ def _progress(run_dir: Path) -> dict[int, dict[str, float]]:
             out[int(row["training_iteration"])] = {
                 "env_steps": float(row["num_env_steps_sampled_lifetime"]),
                 "wall_s": float(row["time_total_s"]),
-                "train_win_rate": float(row.get("env_runners/win_rate") or "nan"),
+                "train_win_rate": float(row.get("env_runners/rllib_ext/win_rate") or "nan"),
             }
     return out
 

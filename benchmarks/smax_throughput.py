@@ -148,13 +148,13 @@ def measure_sampling(
     forward and action sampling) and ``rest`` (the rest of ``sample()``: module batch, episode
     bookkeeping and chunk building outside the overlap).
     """
-    from rllib_ext.profiling.env_runner import PROFILE_KEY, EnvRunnerTimers, timed_subclass
+    from rllib_ext.profiling.env_runner import PROFILE_KEY, profiled_env_runner_class
 
     config = _config(map_name, num_envs, path, seed=0).training(**(training or {}))
     if model is not None:
         config = _with_module(config, model)
     runner_cls = config.env_runner_cls
-    runner = (timed_subclass(EnvRunnerTimers, runner_cls) if phases else runner_cls)(config=config)
+    runner = (profiled_env_runner_class(runner_cls) if phases else runner_cls)(config=config)
     if path == "batched":
         runner.fused_sampling = False
     chunk = num_envs * steps_per_env
@@ -206,6 +206,8 @@ def measure_env_only(map_name: str, *, num_envs: int, seconds: float) -> float:
 
 def measure_train(map_name: str, *, settings: str, iters: int) -> dict[str, float]:
     """Env steps per second of ``algo.train()`` over ``iters`` iterations after a warm-up one."""
+    from rllib_ext.envs.smac.env_runner import SMAX_BATCHED_METRIC, SMAX_FUSED_METRIC
+
     spec = TRAIN_SETTINGS[settings]
     config = _config(
         map_name,
@@ -233,8 +235,8 @@ def measure_train(map_name: str, *, settings: str, iters: int) -> dict[str, floa
         runners = result["env_runners"]
         return {
             "env_steps_per_s": steps / wall,
-            "batched_envs": float(runners.get("smax_batched_envs", 0.0)),
-            "fused": float(runners.get("smax_fused_sampling", 0.0)),
+            "batched_envs": float(runners.get(SMAX_BATCHED_METRIC, 0.0)),
+            "fused": float(runners.get(SMAX_FUSED_METRIC, 0.0)),
         }
     finally:
         algo.stop()

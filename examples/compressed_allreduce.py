@@ -100,7 +100,7 @@ def main() -> None:
     print(
         f"return {best.metrics['env_runners']['episode_return_mean']:.1f} after "
         f"{best.metrics['num_env_steps_sampled_lifetime']:,} env steps; compression ratio "
-        f"{learner.get('comm/compression_ratio', float('nan')):.1f}x"
+        f"{learner.get('rllib_ext/comm/compression_ratio', float('nan')):.1f}x"
     )
     ray.shutdown()
 

@@ -88,9 +88,9 @@ def main() -> None:
     learner = result.metrics["learners"]["default_policy"]
     print(
         f"return {result.metrics['env_runners']['episode_return_mean']:.1f}; "
-        f"amp/dtype={learner.get('amp/dtype', 'float32')} "
-        f"loss_scale={learner.get('amp/loss_scale', '-')} "
-        f"skipped_steps={learner.get('amp/skipped_steps_lifetime', '-')}"
+        f"amp/dtype={learner.get('rllib_ext/amp/dtype', 'float32')} "
+        f"loss_scale={learner.get('rllib_ext/amp/loss_scale', '-')} "
+        f"skipped_steps={learner.get('rllib_ext/amp/skipped_steps_lifetime', '-')}"
     )
 
 

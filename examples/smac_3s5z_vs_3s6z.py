@@ -50,7 +50,7 @@ def build_config(args: argparse.Namespace) -> rllib_ext.PPOConfig:
         training["amp"] = "fp16"  # the tutorial's fp16=True; CPUs train in fp32
     # rllib_ext.PPOConfig sees a SMAC env and adds what the tutorial wrote by hand: one
     # "shared_policy" for all agents, the action-masked module (central critic from
-    # model_config) and SMACMetricsCallback (env_runners/win_rate). Explicit settings win.
+    # model_config) and SMACMetricsCallback (env_runners/rllib_ext/win_rate). Explicit settings win.
     return (
         rllib_ext.PPOConfig()
         .environment(
@@ -110,14 +110,14 @@ def main() -> None:
                 f.write(json.dumps(result, default=str) + "\n")
             print(
                 f"iter {iteration:4d}  env steps {result['num_env_steps_sampled_lifetime']:>8}  "
-                f"win_rate {runners.get('win_rate', float('nan')):.3f}  "
+                f"win_rate {runners.get('rllib_ext/win_rate', float('nan')):.3f}  "
                 f"return {runners.get('episode_return_mean', float('nan')):7.3f}  "
-                f"dead enemies {runners.get('dead_enemies', float('nan')):.2f}  "
+                f"dead enemies {runners.get('rllib_ext/dead_enemies', float('nan')):.2f}  "
                 f"{time.perf_counter() - start:7.1f}s"
             )
             if (
                 args.stop_win_rate is not None
-                and runners.get("win_rate", 0.0) >= args.stop_win_rate
+                and runners.get("rllib_ext/win_rate", 0.0) >= args.stop_win_rate
             ):
                 break
         print(f"checkpoint: {algo.save_to_path(str(run_dir / 'checkpoint'))}")

@@ -20,40 +20,17 @@ from typing import Any
 
 from rllib_ext._private_check import PrivateName, problems
 
-__all__ = [
-    "PRIVATE_NAMES",
-    "PrivateName",
-    "check_component",
-    "cyclic_iterator_settings",
-    "logged_stats_kind",
-    "done_episodes_for_metrics",
-    "encoder_config",
-    "env_to_module",
-    "fix_spaces",
-    "learner_connector",
-    "learner_index",
-    "learner_param",
-    "log_env_steps_sampled",
-    "metrics_state_stats",
-    "mark_loss_mask_added",
-    "missing_private_names",
-    "module_to_env",
-    "multi_agent_episode_from_parts",
-    "needs_initial_reset",
-    "ongoing_episodes_for_metrics",
-    "optimizer_module_ids",
-    "registered_env_creator",
-    "reload_ray_config",
-    "runner_callbacks",
-    "runner_seed",
-    "set_needs_initial_reset",
-    "torch_grad_scaler_class",
-    "cpu_has_amx",
-    "cpu_has_avx512_bf16",
-    "user_model_config",
-    "weights_seq_no",
-    "with_metrics_state_stats",
-]
+__all__ = ["PRIVATE_NAMES", "PrivateName", "check_component", "cpu_has_amx", "cpu_has_avx512_bf16"]
+__all__ += ["done_episodes_for_metrics", "encoder_config", "env_to_module", "fix_spaces"]
+__all__ += ["foreach_mul_", "foreach_norm", "increase_sampled_metrics", "learner_connector"]
+__all__ += ["learner_index", "learner_param", "log_env_steps_sampled", "mark_loss_mask_added"]
+__all__ += ["metrics_state_stats", "missing_private_names", "module_forward_in_eval_mode"]
+__all__ += ["module_to_env", "multi_agent_episode_from_parts", "needs_initial_reset"]
+__all__ += ["ongoing_episodes_for_metrics", "optimizer_module_ids", "registered_env_creator"]
+__all__ += ["reload_ray_config", "runner_callbacks", "runner_seed", "set_episode_clock"]
+__all__ += ["set_needs_initial_reset", "torch_grad_scaler_class", "torch_lr_scheduler_classes"]
+__all__ += ["try_env_reset", "try_env_step", "user_model_config", "weights_seq_no"]
+__all__ += ["with_metrics_state_stats", "cyclic_iterator_settings", "logged_stats_kind"]
 
 _LEARNER = "ray.rllib.core.learner.learner:Learner"
 _PPO_LEARNER = "ray.rllib.algorithms.ppo.ppo_learner:PPOLearner"
@@ -64,58 +41,42 @@ _MA_EPISODE = "ray.rllib.env.multi_agent_episode:MultiAgentEpisode"
 _CYCLIC_ITERATOR = "ray.rllib.utils.minibatch_utils:MiniBatchCyclicIterator"
 # Its constructor's keywords, each kept as `self._<keyword>`.
 _CYCLIC_ITERATOR_SETTINGS = (
-    "batch",
-    "num_epochs",
-    "minibatch_size",
-    "shuffle_batch_per_epoch",
-    "num_total_minibatches",
+    "batch num_epochs minibatch_size shuffle_batch_per_epoch num_total_minibatches".split()
 )
-_METRICS_LOGGER = "ray.rllib.utils.metrics.metrics_logger:MetricsLogger"
+_SERIES_STATS = "ray.rllib.utils.metrics.stats.series:SeriesStats"
 _SA_RUNNER = "ray.rllib.env.single_agent_env_runner:SingleAgentEnvRunner"
 _SA_EPISODE = "ray.rllib.env.single_agent_episode:SingleAgentEpisode"
 _CONFIG = "ray.rllib.algorithms.algorithm_config:AlgorithmConfig"
 _TORCH_RL_MODULE = "ray.rllib.core.rl_module.torch.torch_rl_module:TorchRLModule"
+_CHECKPOINTABLE = "ray.rllib.utils.checkpoints:Checkpointable"
+_METRICS_LOGGER = "ray.rllib.utils.metrics.metrics_logger:MetricsLogger"
+_PIPELINE = "ray.rllib.connectors.connector_pipeline_v2:ConnectorPipelineV2"
+_ADD_ONE_TS = "ray.rllib.connectors.learner.add_one_ts_to_episodes_and_truncate:"
+_ADD_ONE_TS += "AddOneTsToEpisodesAndTruncate"
+_LOSS_MASK_ADDED = "_added_loss_mask_for_valid_episode_ts"
 
 _RUNNER_PRIVATE_ATTRIBUTES = (
-    "_env_to_module",
-    "_module_to_env",
-    "_callbacks",
-    "_needs_initial_reset",
-    "_ongoing_episodes_for_metrics",
-    "_done_episodes_for_metrics",
-    "_seed",
-    "_weights_seq_no",
-)
+    "_env_to_module _module_to_env _callbacks _needs_initial_reset _ongoing_episodes_for_metrics "
+    "_done_episodes_for_metrics _seed _weights_seq_no"
+).split()
 
 # The state layout of MultiAgentEpisode.get_state() that the fused SMAX chunks are built from.
 _EPISODE_PRIVATE_STATE_KEYS = (
-    "_agent_to_module_mapping",
-    "_hanging_actions_end",
-    "_hanging_extra_model_outputs_end",
-    "_hanging_rewards_end",
-    "_hanging_rewards_begin",
-    "_start_time",
-    "_last_step_time",
-)
+    "_agent_to_module_mapping _hanging_actions_end _hanging_extra_model_outputs_end "
+    "_hanging_rewards_end _hanging_rewards_begin _start_time _last_step_time"
+).split()
 
 PRIVATE_NAMES: tuple[PrivateName, ...] = (
     PrivateName(_PPO_LEARNER, "_learner_connector", "attribute", "learners/ppo.py: GAE, batching"),
     PrivateName(_LEARNER, "_learner_index", "attribute", "learners/ppo.py: rank-0 logging"),
     PrivateName(_TORCH_LEARNER, "_params", "attribute", "learners/ppo.py: AMP unscaled grads"),
     PrivateName(_TORCH_LEARNER, "_module_optimizers", "attribute", "learners/ppo.py: AMP"),
-    PrivateName(
-        _LEARNER, "_create_iterator_if_necessary", "method", "learners/ppo.py: minibatches"
-    ),
+    PrivateName(_LEARNER, "_create_iterator_if_necessary", "method", "learners/ppo.py"),
     *(
         PrivateName(_CYCLIC_ITERATOR, f"_{name}", "attribute", "learners/minibatches.py")
         for name in _CYCLIC_ITERATOR_SETTINGS
     ),
-    PrivateName(
-        "ray.rllib.utils.checkpoints:Checkpointable",
-        "_check_component",
-        "method",
-        "learners/ppo.py: get_state components",
-    ),
+    PrivateName(_CHECKPOINTABLE, "_check_component", "method", "learners/ppo.py: get_state"),
     # Both runners set these in their own __init__: fused loops (SMAX and single-agent), their
     # selection rules, AMP's cast piece and profiling's marks read them.
     *(
@@ -127,9 +88,7 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     PrivateName(_ENV_RUNNER, "_log_env_steps", "method", "fused loops' metrics"),
     PrivateName(_ENV_RUNNER, "_try_env_reset", "method", "fused_sampling/sampler.py: reset"),
     PrivateName(_ENV_RUNNER, "_try_env_step", "method", "fused_sampling/sampler.py: step"),
-    PrivateName(
-        _SA_RUNNER, "_increase_sampled_metrics", "method", "fused_sampling/sampler.py: counters"
-    ),
+    PrivateName(_SA_RUNNER, "_increase_sampled_metrics", "method", "fused_sampling: counters"),
     PrivateName(_TORCH_RL_MODULE, "_forward_exploration", "method", "fused_sampling/policy.py"),
     PrivateName(_TORCH_RL_MODULE, "_forward_inference", "method", "fused_sampling/policy.py"),
     PrivateName(_SA_EPISODE, "_start_time", "attribute", "fused_sampling/chunks.py: clock"),
@@ -138,19 +97,8 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         PrivateName(_MA_EPISODE, key, "state_key", "fused SMAX episode chunks")
         for key in _EPISODE_PRIVATE_STATE_KEYS
     ),
-    PrivateName(
-        "ray.rllib.connectors.connector_pipeline_v2:ConnectorPipelineV2",
-        "_fix_spaces",
-        "method",
-        "connectors/batching.py: pipeline surgery",
-    ),
-    PrivateName(
-        "ray.rllib.connectors.learner.add_one_ts_to_episodes_and_truncate:"
-        "AddOneTsToEpisodesAndTruncate",
-        "_added_loss_mask_for_valid_episode_ts",
-        "data_key",
-        "connectors/batching.py: shared_data flag",
-    ),
+    PrivateName(_PIPELINE, "_fix_spaces", "method", "connectors/batching.py: pipeline surgery"),
+    PrivateName(_ADD_ONE_TS, _LOSS_MASK_ADDED, "data_key", "connectors/batching.py: shared_data"),
     PrivateName(
         "ray.rllib.core.models.catalog:Catalog",
         "_get_encoder_config",
@@ -158,26 +106,12 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         "modules/masked_ppo.py: central critic encoder",
     ),
     PrivateName(_CONFIG, "_model_config", "attribute", "config.py: tutorial model= alias"),
-    PrivateName(
-        _CONFIG, "_torch_grad_scaler_class", "attribute", "config_checks.py: two loss scalers"
-    ),
-    PrivateName(
-        _CONFIG, "_torch_lr_scheduler_classes", "attribute", "learners/ppo.py: lean update"
-    ),
+    PrivateName(_CONFIG, "_torch_grad_scaler_class", "attribute", "config_checks.py: scalers"),
+    PrivateName(_CONFIG, "_torch_lr_scheduler_classes", "attribute", "learners/ppo.py: lean"),
     PrivateName("ray.tune.registry", "_global_registry", "attribute", "envs: registered envs"),
-    PrivateName(
-        "ray.rllib.utils.metrics.metrics_logger:MetricsLogger",
-        "stats",
-        "state_key",
-        "learners/checkpoint_state.py: our metrics apart from RLlib's",
-    ),
+    PrivateName(_METRICS_LOGGER, "stats", "state_key", "learners/checkpoint_state.py: our metrics"),
     PrivateName(_METRICS_LOGGER, "_get_key", "method", "learners/deferred_metrics.py"),
-    PrivateName(
-        "ray.rllib.utils.metrics.stats.series:SeriesStats",
-        "_window",
-        "attribute",
-        "learners/deferred_metrics.py",
-    ),
+    PrivateName(_SERIES_STATS, "_window", "attribute", "learners/deferred_metrics.py"),
     PrivateName("ray._raylet:Config", "initialize", "method", "cli/ray_auth.py: RAY_AUTH_MODE"),
     PrivateName("torch", "_foreach_norm", "function", "learners/lean.py: clipping"),
     PrivateName("torch", "_foreach_mul_", "function", "learners/lean.py: clipping"),
@@ -229,8 +163,7 @@ def cyclic_iterator_settings(batch_iter: Any) -> dict[str, Any]:
 
 
 def logged_stats_kind(logger: Any, key: tuple[Any, ...]) -> tuple[str, Any] | None:
-    """``(reduce, window)`` of the stats a ``MetricsLogger`` keeps under ``key`` (``window``
-    ``None`` for stats without one), or ``None`` where it keeps none yet."""
+    """``(reduce, window)`` of a ``MetricsLogger``'s stats under ``key``; ``None``: none yet."""
     stats = logger._get_key(key, key_error=False)
     identifier = getattr(stats, "stats_cls_identifier", None)
     if identifier is None:
@@ -349,7 +282,7 @@ def fix_spaces(pipeline: Any) -> None:
 
 def mark_loss_mask_added(shared_data: dict[str, Any]) -> None:
     """Tells later pieces (``AddTimeDimToBatchAndZeroPad``) the loss mask is in the batch."""
-    shared_data["_added_loss_mask_for_valid_episode_ts"] = True
+    shared_data[_LOSS_MASK_ADDED] = True
 
 
 def multi_agent_episode_from_parts(

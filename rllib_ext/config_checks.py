@@ -117,11 +117,11 @@ def _check_amp_env_runner(config: Any) -> None:
         wanted = amp_env_runner_class(config)
         got = "RLlib's default" if current is None else current.__name__
         raise ValueError(
-            f"amp_inference=True needs an env runner that opts into rllib_ext.env_runners."
-            f"AMPInference and extends {wanted.__mro__[2].__name__}, got {got}. Fix: "
+            f"amp_inference=True needs an env runner that derives from rllib_ext.env_runners."
+            f"{wanted.__name__} (it holds the AMP feature), got {got}. Fix: "
             f".env_runners(env_runner_cls=rllib_ext.env_runners.{wanted.__name__}) "
-            "(rllib_ext.PPOConfig sets it for you), put AMPInference first in your runner's "
-            "bases, or set amp_inference=False."
+            "(rllib_ext.PPOConfig sets it for you), derive your runner from it, "
+            "or set amp_inference=False."
         )
 
 

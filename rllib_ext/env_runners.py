@@ -1,23 +1,27 @@
-"""``amp_inference``: the env runner's forward under autocast, a protocol any runner opts into.
+"""rllib_ext's env runner for each RLlib runner, holding the features its config turns on.
 
-A runner class opts in by putting :class:`AMPInference` before the RLlib runner it extends in
-its bases (``class MyRunner(AMPInference, MultiAgentEnvRunner)``): ``sample()`` then runs under
-the learner's AMP dtype and :class:`CastToFloat32` is prepended to its module-to-env pipeline,
-so actions and the ``action_logp`` stored in episodes (PPO's importance ratio) are float32 as in
-RLlib. Fused loops inside ``sample()`` inherit the autocast and skip the cast piece (it declares
-:data:`~rllib_ext.sampling_protocol.FUSED_EQUIVALENT`: they cast the outputs alike).
-:class:`AMPSingleAgentEnvRunner` / :class:`AMPMultiAgentEnvRunner` are RLlib's two runners
-with nothing else added; ``rllib_ext.PPOConfig`` picks them for ``amp_inference=True``.
+:class:`AMPSingleAgentEnvRunner` / :class:`AMPMultiAgentEnvRunner` are RLlib's two runners, each
+holding a :class:`RunnerFeatures` (``runner.features``, built at the end of ``__init__`` from the
+config) that its ``sample()`` hands every call to. The one feature today is ``amp_inference``
+(:class:`AMPInference`): ``sample()`` runs under the learner's AMP dtype and :class:`CastToFloat32`
+is prepended to the module-to-env pipeline, so actions and the ``action_logp`` stored in episodes
+(PPO's importance ratio) are float32 as in RLlib; with ``amp_inference=False`` nothing changes.
+Fused loops inside ``sample()`` run under the same autocast and skip the cast piece (it declares
+:data:`~rllib_ext.sampling_protocol.FUSED_EQUIVALENT`: they cast the outputs alike). The fused
+runners derive from these two classes (single inheritance), and so does a user's runner that wants
+``amp_inference`` (:func:`supports_amp_inference`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.connectors.connector_v2 import ConnectorV2
 from ray.rllib.core.rl_module.multi_rl_module import MultiRLModule
+from ray.rllib.env.env_runner import EnvRunner
 from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
 from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 from ray.rllib.utils.annotations import override
@@ -31,6 +35,7 @@ __all__ = [
     "AMPMultiAgentEnvRunner",
     "AMPSingleAgentEnvRunner",
     "CastToFloat32",
+    "RunnerFeatures",
     "module_device",
     "rllib_env_runner_class",
     "supports_amp_inference",
@@ -58,45 +63,48 @@ class CastToFloat32(ConnectorV2):
         return to_float32(batch)
 
 
-if TYPE_CHECKING:
-    from ray.rllib.env.env_runner import EnvRunner as _EnvRunnerBase
-else:
-    _EnvRunnerBase = object
+class AMPInference:
+    """The ``amp_inference`` feature of one env runner (see the module docstring); built by
+    :class:`RunnerFeatures` after RLlib's ``__init__`` built the runner's module and pipelines."""
 
-
-class AMPInference(_EnvRunnerBase):
-    """The ``amp_inference`` protocol (see the module docstring); before an RLlib runner in the
-    bases. With ``amp_inference=False`` it changes nothing (autocast disabled, no cast piece)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        amp = ExtensionSettings.from_learner_config_dict(self.config.learner_config_dict).amp
-        device = module_device(self.module)
-        self._amp_inference_dtype = (
+    def __init__(self, runner: EnvRunner) -> None:
+        amp = ExtensionSettings.from_learner_config_dict(runner.config.learner_config_dict).amp
+        device = module_device(runner.module)
+        self.dtype: torch.dtype | None = (
             resolve_amp_dtype(amp.amp, device) if amp.amp_inference else None
         )
-        self._amp_device_type = device.type
-        if self._amp_inference_dtype is not None:
-            private.module_to_env(self).prepend(CastToFloat32())
+        """The autocast dtype of ``sample()``; ``None``: ``amp_inference`` is off."""
+        self.device_type = device.type
+        if self.dtype is not None:
+            private.module_to_env(runner).prepend(CastToFloat32())
 
-    def sample(self, *args: Any, **kwargs: Any) -> Any:
+    def sample(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``call(*args, **kwargs)`` (the runner's ``sample()``) under the autocast dtype."""
         with torch.autocast(
-            device_type=self._amp_device_type,
-            dtype=self._amp_inference_dtype or torch.float32,
-            enabled=self._amp_inference_dtype is not None,
+            device_type=self.device_type,
+            dtype=self.dtype or torch.float32,
+            enabled=self.dtype is not None,
         ):
-            return super().sample(*args, **kwargs)
+            return call(*args, **kwargs)
+
+
+class RunnerFeatures:
+    """The features an rllib_ext env runner holds (``runner.features``), built from its config."""
+
+    def __init__(self, runner: EnvRunner) -> None:
+        self.amp = AMPInference(runner)
+
+    def sample(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """The runner's ``sample()`` (``call``, RLlib's) with every feature around it."""
+        return self.amp.sample(call, *args, **kwargs)
 
 
 def supports_amp_inference(runner_class: type | None, *, multi_agent: bool) -> bool:
-    """Whether ``runner_class`` opted into :class:`AMPInference` and extends the RLlib runner a
-    single-agent (``SingleAgentEnvRunner``) or multi-agent config needs."""
-    base = MultiAgentEnvRunner if multi_agent else SingleAgentEnvRunner
-    return (
-        runner_class is not None
-        and issubclass(runner_class, AMPInference)
-        and issubclass(runner_class, base)
-    )
+    """Whether ``runner_class`` holds the ``amp_inference`` feature for a single-agent or
+    multi-agent config: it derives from :class:`AMPSingleAgentEnvRunner` or
+    :class:`AMPMultiAgentEnvRunner` (the fused runners do)."""
+    base = AMPMultiAgentEnvRunner if multi_agent else AMPSingleAgentEnvRunner
+    return runner_class is not None and issubclass(runner_class, base)
 
 
 def rllib_env_runner_class(config: Any) -> type:
@@ -134,9 +142,31 @@ def _parameters(module: Any) -> Iterator[torch.Tensor]:
             yield from _parameters(sub_module)
 
 
-class AMPSingleAgentEnvRunner(AMPInference, SingleAgentEnvRunner):
-    """``SingleAgentEnvRunner`` with ``amp_inference`` support."""
+class AMPSingleAgentEnvRunner(SingleAgentEnvRunner):
+    """RLlib's ``SingleAgentEnvRunner`` holding its :class:`RunnerFeatures` (``features``)."""
+
+    features: RunnerFeatures
+
+    @override(SingleAgentEnvRunner)
+    def __init__(self, *, config: AlgorithmConfig, **kwargs: Any) -> None:
+        super().__init__(config=config, **kwargs)
+        self.features = RunnerFeatures(self)
+
+    @override(EnvRunner)
+    def sample(self, *args: Any, **kwargs: Any) -> Any:
+        return self.features.sample(super().sample, *args, **kwargs)
 
 
-class AMPMultiAgentEnvRunner(AMPInference, MultiAgentEnvRunner):
-    """``MultiAgentEnvRunner`` with ``amp_inference`` support."""
+class AMPMultiAgentEnvRunner(MultiAgentEnvRunner):
+    """RLlib's ``MultiAgentEnvRunner`` holding its :class:`RunnerFeatures` (``features``)."""
+
+    features: RunnerFeatures
+
+    @override(MultiAgentEnvRunner)
+    def __init__(self, config: AlgorithmConfig, **kwargs: Any) -> None:
+        super().__init__(config=config, **kwargs)
+        self.features = RunnerFeatures(self)
+
+    @override(EnvRunner)
+    def sample(self, *args: Any, **kwargs: Any) -> Any:
+        return self.features.sample(super().sample, *args, **kwargs)

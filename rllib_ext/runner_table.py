@@ -21,8 +21,8 @@ rule                     when                                              class
 
 Where RLlib chooses (``rllib_*`` rules) ``env_runner_cls`` stays ``None``, so RLlib's own
 ``EnvRunnerGroup`` logic runs (including its refusal of multi-agent recording). Profiling
-(:func:`rllib_ext.profiling.enable_profiling`) wraps the chosen class in its timing subclass; the
-table unwraps it, applies the rules to the class underneath and wraps the result again (rule
+(:func:`rllib_ext.profiling.enable_profiling`) puts ``Profiling<Base>``, a one-layer subclass of the
+chosen class, in its place; the table unwraps it, applies the rules to the class underneath and wraps the result again (rule
 ``profiled:<rule>``), so a profiled config still follows the table.
 """
 
@@ -38,7 +38,7 @@ from rllib_ext.env_runners import (
 )
 from rllib_ext.envs import is_smac_env
 from rllib_ext.fused_sampling.runner import FusedSingleAgentEnvRunner
-from rllib_ext.profiling.env_runner import EnvRunnerTimers, timed_subclass
+from rllib_ext.profiling.env_runner import profiled, profiled_env_runner_class
 from rllib_ext.settings import AMPSettings, SamplingSettings
 
 __all__ = ["RULES", "RunnerChoice", "apply_env_runner_table", "select_env_runner_class"]
@@ -139,14 +139,14 @@ def _select_unprofiled(config: Any, current: type | None) -> RunnerChoice:
 def select_env_runner_class(config: Any) -> RunnerChoice:
     """The env-runner class for ``config`` and the rule that chose it; changes nothing."""
     current = config.env_runner_cls
-    if current is None or not issubclass(current, EnvRunnerTimers):
+    if current is None or not profiled(current):
         return _select_unprofiled(config, current)
     # Profiled: the rules apply to the class underneath, whose timing subclass runs.
     base = None if getattr(current, "profiled_rllib_choice", False) else current.profiled_class
     choice = _select_unprofiled(config, base)
     if choice.cls is None:
         return choice._replace(rule=f"profiled:{choice.rule}")
-    timed = timed_subclass(EnvRunnerTimers, choice.cls, rllib_choice=choice.rllib_picks)
+    timed = profiled_env_runner_class(choice.cls, rllib_choice=choice.rllib_picks)
     return RunnerChoice(timed, f"profiled:{choice.rule}")
 
 

@@ -4,8 +4,8 @@ A fused loop (an env runner's own loop in place of RLlib's ``_sample``) does wha
 default connector pipelines do itself. A connector piece that only passes the batch through, or
 whose effect every fused loop applies too, declares it with the class attribute
 :data:`FUSED_EQUIVALENT` ``= True`` (profiling's marks, ``amp_inference``'s float32 cast); any
-other piece keeps the call on RLlib's loop. A profiler that times a runner's phases sets
-``runner.sample_clock`` (anything with ``time(phase)``, a context manager); fused loops report
+other piece keeps the call on RLlib's loop. A profiled runner exposes ``runner.sample_clock``
+(anything with ``time(phase)``, a context manager); fused loops report
 their phases through :func:`sample_phase`. No Ray import.
 """
 
@@ -29,6 +29,6 @@ def fused_equivalent(piece: Any) -> bool:
 
 def sample_phase(env_runner: Any, phase: str) -> AbstractContextManager[Any]:
     """``with sample_phase(self, "env_step"): ...`` in a fused loop: the block counts as
-    ``phase`` when a profiler set ``env_runner.sample_clock``; otherwise nothing happens."""
+    ``phase`` when the runner is profiled (has ``env_runner.sample_clock``); otherwise nothing happens."""
     clock = getattr(env_runner, "sample_clock", None)
     return clock.time(phase) if clock is not None else nullcontext()

@@ -143,8 +143,8 @@ class SamplingSettings:
     """Array-speed sampling: one batched forward per step instead of RLlib's connector loop.
     ``True``: single-agent runs get ``rllib_ext.fused_sampling.FusedSingleAgentEnvRunner`` and
     SMAX runs the fused SMAX loop, each producing RLlib's episodes and falling back to RLlib's
-    loop (logged once, ``env_runners/fused_sampling`` 0) where it cannot be exact. ``False``:
-    RLlib's loop everywhere."""
+    loop (logged once, ``env_runners/rllib_ext/fused_sampling`` 0) where it cannot be exact.
+    ``False``: RLlib's loop everywhere."""
 
     def __post_init__(self) -> None:
         _check_fields(self)

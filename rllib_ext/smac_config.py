@@ -3,7 +3,7 @@ while those names hold rllib_ext's env, or the ``SMACEnv`` class).
 
 * policies: one ``"shared_policy"`` for all agents (parameter sharing, the SMAC norm), unless
   the config is already multi-agent;
-* callbacks: :class:`~rllib_ext.envs.smac.SMACMetricsCallback` added (``win_rate``...), next to
+* callbacks: :class:`~rllib_ext.envs.smac.SMACMetricsCallback` added (``rllib_ext/win_rate``...), next to
   the user's callbacks;
 * RLModule: :class:`~rllib_ext.modules.MaskedPPOTorchRLModule` as the default module class
   (RLlib's ``get_default_rl_module_spec``), with the central critic when

@@ -1,7 +1,7 @@
 """Tutorial chapter 5 (SMAC 3s5z_vs_3s6z, one shared policy): the code as printed, imports changed.
 
 ``"smac_v2"`` runs StarCraft II through SMACv2 when it is installed, otherwise JaxMARL's SMAX
-(``pip install "rllib-ext[smax]"``); ``env_runners/win_rate`` is in every result.
+(``pip install "rllib-ext[smax]"``); ``env_runners/rllib_ext/win_rate`` is in every result.
 ``.resources(num_gpus=4, num_cpus=32)`` -> 4 GPU learners; ``.rollouts(num_rollout_workers=24)``
 -> 24 env runners; ``num_sgd_iter=5`` -> ``num_epochs=5``; ``fp16=True`` -> ``amp="fp16"``;
 ``policy_mapping_fn=lambda agent_id: ...`` is called with the agent id only, as in 2023.

@@ -23,6 +23,7 @@ from rllib_ext.cli.errors import CLIError
 from rllib_ext.cli.interrupts import RunInterrupted, Signals
 from rllib_ext.cli.progress import IterationStats, ProgressReporter
 from rllib_ext.cli.runconfig import TrainSettings
+from rllib_ext.envs.smac.callbacks import WIN_RATE
 
 __all__ = [
     "LoopOutcome",
@@ -60,8 +61,8 @@ def _iteration_env_steps(result: Mapping[str, Any], progress: ProgressReporter) 
 
 
 def win_rate_of(result: Mapping[str, Any]) -> float | None:
-    """``env_runners/win_rate`` (SMAC envs, :class:`rllib_ext.envs.smac.SMACMetricsCallback`)."""
-    value = result.get("env_runners", {}).get("win_rate")
+    """``env_runners/rllib_ext/win_rate`` (SMAC envs, :class:`rllib_ext.envs.smac.SMACMetricsCallback`)."""
+    value = result.get("env_runners", {}).get(WIN_RATE)
     return float(value) if value is not None else None
 
 

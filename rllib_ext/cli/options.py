@@ -124,7 +124,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
         "stop_win_rate",
         convert=optional(fraction),
         default=None,
-        help="SMAC envs: stop once env_runners/win_rate (battles won by the training policy "
+        help="SMAC envs: stop once env_runners/rllib_ext/win_rate (battles won by the training policy "
         "over RLlib's smoothing window of episodes) reaches this fraction",
         example="0.9",
         metavar="W",

@@ -25,7 +25,7 @@ class IterationStats:
     steps_per_s: float
     elapsed_s: float
     win_rate: float | None = None
-    """SMAC envs: ``env_runners/win_rate``."""
+    """SMAC envs: ``env_runners/rllib_ext/win_rate``."""
 
 
 def estimate_eta(

@@ -48,7 +48,7 @@ class TrainResult:
     ``terminated`` (SIGTERM)."""
     settings: TrainSettings
     win_rate: float | None = None
-    """SMAC envs: ``env_runners/win_rate`` of the last iteration (``None`` otherwise)."""
+    """SMAC envs: ``env_runners/rllib_ext/win_rate`` of the last iteration (``None`` otherwise)."""
     segments: int = 1
     backend: str | None = None
     """SMAC envs: the backend that ran (``smacv2``, ``smac`` or ``smax``); ``None`` otherwise."""

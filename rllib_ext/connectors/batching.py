@@ -64,7 +64,7 @@ __all__ = ["FUSED_PIECES", "VectorizedEpisodesToBatch", "install_vectorized_batc
 
 logger = logging.getLogger(__name__)
 
-BATCHING_IMPL_KEY = "batching/vectorized"
+BATCHING_IMPL_KEY = "rllib_ext/batching/vectorized"
 
 # The default pieces this replaces, in pipeline order (AgentToModuleMapping: multi-agent only).
 FUSED_PIECES: tuple[type, ...] = (

@@ -46,7 +46,7 @@ NO_OP_ACTIONS: tuple[int, ...] = (0, 4)
 """The action a dead agent is left with: SMAC/SMACv2 index 0 ("no-op"), SMAX index 4 ("stop");
 ``rllib_ext.envs.smac`` backends' ``spec.no_op_action``."""
 
-DEAD_FRACTION_KEY = "death_mask/dead_fraction"
+DEAD_FRACTION_KEY = "rllib_ext/death_mask/dead_fraction"
 
 
 def dead_rows(action_mask: torch.Tensor) -> torch.Tensor:

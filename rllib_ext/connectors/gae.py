@@ -40,8 +40,8 @@ from rllib_ext.settings import STANDARDIZE_MODES
 
 __all__ = ["CompiledGAE", "check_bootstrap_step_before_gae", "padding_mask"]
 
-GAE_TIME_KEY = "gae/time_ms"
-GAE_IMPL_KEY = "gae/compiled"
+GAE_TIME_KEY = "rllib_ext/gae/time_ms"
+GAE_IMPL_KEY = "rllib_ext/gae/compiled"
 """``<mid>/<this>``: 1.0 when this piece (not RLlib's) computed the module's advantages."""
 
 

@@ -37,8 +37,8 @@ from rllib_ext.modules.value_norm import ValueNorm, ValueNormAPI
 
 __all__ = ["UpdateValueNorm", "value_norms"]
 
-MEAN_KEY = "value_norm/mean"
-STD_KEY = "value_norm/std"
+MEAN_KEY = "rllib_ext/value_norm/mean"
+STD_KEY = "rllib_ext/value_norm/std"
 
 
 def value_norms(rl_module: MultiRLModule) -> dict[Any, ValueNorm]:

@@ -1,7 +1,7 @@
 """The comm hooks' statistics: one record per bucket, summed per update, with public observers.
 
 Every hook reports each bucket once, when its future completes, as a :class:`BucketRecord`;
-:class:`HookStats` sums them for the learner metrics (``comm/bytes_sent`` ...) and passes each
+:class:`HookStats` sums them for the learner metrics (``rllib_ext/comm/bytes_sent`` ...) and passes each
 record to the observers registered with :meth:`HookStats.add_observer` (profiling reads the
 ``start_s``/``comm_s`` interval there). Observers run on the backend's callback thread: keep
 them short and thread-safe.

@@ -32,7 +32,8 @@ _CHOSEN = ("fused_sampling=False", "random actions")
 class FusedSamplingFallback(UserWarning):
     """RLlib's own sampling loop runs instead of a fused one (the message says why); warned once
     per env runner and reason. ``warnings.simplefilter("ignore", FusedSamplingFallback)``
-    silences it; ``env_runners/fused_sampling`` (``smax_fused_sampling``) shows it too."""
+    silences it; ``env_runners/rllib_ext/fused_sampling`` (``.../smax_fused_sampling``) shows it
+    too."""
 
 
 class FusedLoop(Protocol):

@@ -4,7 +4,7 @@
 ``fused_sampling=True``, the default) runs :class:`SingleAgentFusedSampler` where
 :func:`single_agent_rule` finds no reason against it (decided before any side effect), else
 RLlib's own ``SingleAgentEnvRunner._sample``, with one ``FusedSamplingFallback`` warning per
-runner and reason and ``env_runners/fused_sampling`` 0. Layers, as for SMAX
+runner and reason and ``env_runners/rllib_ext/fused_sampling`` 0. Layers, as for SMAX
 (:mod:`rllib_ext.envs.smac.sampling`): the rule (``rules.py``), the forward and actions
 (``policy.py``), the step log and per-env tracks (``tracks.py``), episode chunks (``chunks.py``,
 :func:`build_single_agent_chunk`, the one place that knows RLlib's single-agent episode layout),

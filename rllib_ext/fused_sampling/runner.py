@@ -6,9 +6,10 @@ env-runner class. Each ``sample()`` goes to the runner's ``dispatch``
 (:class:`~rllib_ext.fused.dispatch.FusedDispatch`), which runs
 :class:`~.sampler.SingleAgentFusedSampler` where :func:`~.rules.single_agent_rule` finds no
 reason against it, else RLlib's own loop over the same vector env, with one warning per runner
-and reason (``FusedSamplingFallback``); ``env_runners/fused_sampling`` is 1 when the last
-``sample()`` ran fused. ``amp_inference`` is supported
-(:class:`~rllib_ext.env_runners.AMPInference`). Switching between the two loops resets the envs
+and reason (``FusedSamplingFallback``); ``env_runners/rllib_ext/fused_sampling`` is 1 when the last
+``sample()`` ran fused. It derives from
+:class:`~rllib_ext.env_runners.AMPSingleAgentEnvRunner`, so it holds that runner's features
+(``features``: ``amp_inference``) around the whole call. Switching between the two loops resets the envs
 (each keeps its own episodes).
 """
 
@@ -22,21 +23,22 @@ from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 from ray.rllib.utils.annotations import override
 
-from rllib_ext.env_runners import AMPInference
+from rllib_ext.env_runners import AMPSingleAgentEnvRunner
 from rllib_ext.fused.dispatch import FusedDispatch
 from rllib_ext.fused_sampling.rules import single_agent_rule
 from rllib_ext.fused_sampling.sampler import SingleAgentFusedSampler
 
 __all__ = ["FUSED_METRIC", "FusedSingleAgentEnvRunner"]
 
-FUSED_METRIC = "fused_sampling"
+FUSED_METRIC = "rllib_ext/fused_sampling"
 """``env_runners/<this>``: 1 when the last ``sample()`` ran the fused loop, else 0."""
 
 
-class FusedSingleAgentEnvRunner(AMPInference, SingleAgentEnvRunner):
+class FusedSingleAgentEnvRunner(AMPSingleAgentEnvRunner):
     """``SingleAgentEnvRunner`` whose time-step and episode sampling runs as one batched
     forward per step where exact (see the module docstring). Holds its fused loop (``fused``)
-    and the per-call choice between it and RLlib's (``dispatch``)."""
+    and the per-call choice between it and RLlib's (``dispatch``); its features (``features``)
+    wrap both."""
 
     fused_sampling: bool = True
     """False: always RLlib's loop (class or instance attribute; the ``fused_sampling`` setting

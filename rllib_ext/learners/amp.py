@@ -19,7 +19,10 @@ import torch
 
 from rllib_ext.settings import AMPSettings
 
-__all__ = ["AMPState"]
+__all__ = ["AMP_METRIC", "AMPState"]
+
+AMP_METRIC = "rllib_ext/amp"
+"""``learners/<module>/<this>/...``: ``dtype``, ``loss_scale``, ``skipped_steps`` (``_lifetime``)."""
 
 logger = logging.getLogger(__name__)
 

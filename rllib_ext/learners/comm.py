@@ -32,7 +32,10 @@ from rllib_ext.distributed import (
 )
 from rllib_ext.settings import CompressionSettings
 
-__all__ = ["HOOKS", "CommCompression", "make_comm_hook"]
+__all__ = ["COMM_METRIC", "HOOKS", "CommCompression", "make_comm_hook"]
+
+COMM_METRIC = "rllib_ext/comm"
+"""``learners/<module>/<this>/...``: bytes, times, compression ratio of the last update."""
 
 logger = logging.getLogger(__name__)
 
@@ -102,21 +105,25 @@ class CommCompression:
             state.rescale_error_feedback(factor)
 
     def log_stats(self, metrics: MetricsLogger) -> None:
-        """Logs and resets the statistics of the last update step under ``<mid>/comm/...``."""
+        """Logs and resets the statistics of the last update step under
+        ``<mid>/rllib_ext/comm/...`` (:data:`COMM_METRIC`)."""
         for mid, state in self.states.items():
             stats = state.pop_stats()
             for key in ("bytes_sent", "bytes_uncompressed"):
-                metrics.log_value((mid, f"comm/{key}"), stats[key], reduce="sum")
-            metrics.log_value((mid, "comm/time_ms"), stats["comm_time_s"] * 1e3, reduce="sum")
+                metrics.log_value((mid, f"{COMM_METRIC}/{key}"), stats[key], reduce="sum")
             metrics.log_value(
-                (mid, "comm/codec_time_ms"),
+                (mid, f"{COMM_METRIC}/time_ms"), stats["comm_time_s"] * 1e3, reduce="sum"
+            )
+            metrics.log_value(
+                (mid, f"{COMM_METRIC}/codec_time_ms"),
                 (stats["encode_time_s"] + stats["decode_time_s"]) * 1e3,
                 reduce="sum",
             )
-            metrics.log_value((mid, "comm/compression_ratio"), stats["compression_ratio"], window=1)
+            ratio = stats["compression_ratio"]
+            metrics.log_value((mid, f"{COMM_METRIC}/compression_ratio"), ratio, window=1)
             buckets = stats["num_buckets"]
             compiled = stats["num_compiled_buckets"] / buckets if buckets else 0.0
-            metrics.log_value((mid, "comm/compiled_codec"), compiled, window=1)
+            metrics.log_value((mid, f"{COMM_METRIC}/compiled_codec"), compiled, window=1)
 
     def get_state(self) -> dict[str, Any]:
         return {mid: state.get_state() for mid, state in self.states.items()}

@@ -36,7 +36,7 @@ from rllib_ext._threads import apply_cpu_threads
 from rllib_ext.amp_choice import resolve_amp_dtype
 from rllib_ext.config_checks import check_algorithm_config
 from rllib_ext.learners import lean
-from rllib_ext.learners.amp import AMPState
+from rllib_ext.learners.amp import AMP_METRIC, AMPState
 from rllib_ext.learners.checkpoint_state import (
     METRICS_STATE_KEY,
     merged_metrics_state,
@@ -286,21 +286,23 @@ class PPOExtTorchLearner(PPOTorchLearner):
             # The scale only shrinks after a step with inf/nan gradients.
             if after < before:
                 self.amp.skipped_steps[mid] = self.amp.skipped_steps.get(mid, 0) + 1
-                self.metrics.log_value((mid, "amp/skipped_steps"), 1, reduce="sum")
+                self.metrics.log_value((mid, f"{AMP_METRIC}/skipped_steps"), 1, reduce="sum")
             self._log_amp(mid)
 
     def _log_amp(self, mid: ModuleID) -> None:
         if private.learner_index(self) == 0:
             # A string "item" cannot be merged across learners: rank 0 reports it (all ranks
             # run the same dtype).
-            self.metrics.log_value((mid, "amp/dtype"), self.amp.dtype_name, reduce="item")
+            self.metrics.log_value((mid, f"{AMP_METRIC}/dtype"), self.amp.dtype_name, reduce="item")
         if self.amp.scaling:
             scaler = self.amp.scaler(mid)
-            self.metrics.log_value((mid, "amp/loss_scale"), scaler.get_scale(), window=1)
+            self.metrics.log_value((mid, f"{AMP_METRIC}/loss_scale"), scaler.get_scale(), window=1)
             self.metrics.log_value(
-                (mid, "amp/skipped_steps_lifetime"), self.amp.skipped_steps.get(mid, 0), window=1
+                (mid, f"{AMP_METRIC}/skipped_steps_lifetime"),
+                self.amp.skipped_steps.get(mid, 0),
+                window=1,
             )
-            self.metrics.log_value((mid, "amp/skipped_steps"), 0, reduce="sum")
+            self.metrics.log_value((mid, f"{AMP_METRIC}/skipped_steps"), 0, reduce="sum")
 
     # -- checkpoints ------------------------------------------------------------------------
 
@@ -340,6 +342,6 @@ class PPOExtTorchLearner(PPOTorchLearner):
         if private.learner_index(self) != 0:
             # Restored metrics come from rank 0; only rank 0 may hold the string item.
             for mid in self.module.keys():
-                self.metrics.delete(mid, "amp/dtype", key_error=False)
+                self.metrics.delete(mid, f"{AMP_METRIC}/dtype", key_error=False)
         if COMM_STATE_KEY in state and self.comm.enabled:
             self.comm.set_state(state[COMM_STATE_KEY])

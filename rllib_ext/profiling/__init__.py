@@ -1,9 +1,10 @@
 """Profiling: where a PPO training iteration's wall time goes, plus a PyTorch profiler trace.
 
 ``enable_profiling(config, out_dir="prof", iterations=[3, 4, 5])`` (any PPO config, also as a Tune
-``param_space``) selects timing subclasses of the config's EnvRunner and Learner, which log through
+``param_space``) selects ``Profiling<Base>`` subclasses of the config's EnvRunner and Learner (one
+layer each, handing to a timer object: :mod:`.env_runner`, :mod:`.learner`), which log through
 RLlib's ``MetricsLogger``, and adds :class:`ProfilerCallback`: each timed iteration's result gets
-``rllib_ext_profile/<phase>`` shares, and ``out_dir`` gets ``breakdown.json``/``.txt``, the top
+``rllib_ext/profile/<phase>`` shares, and ``out_dir`` gets ``breakdown.json``/``.txt``, the top
 operators (``top_ops.txt``) and the Chrome trace (``trace/learner.pt.trace.json.gz``, for
 TensorBoard or https://ui.perfetto.dev) of the next iteration's learner update.
 """
@@ -21,15 +22,16 @@ from ray.rllib.callbacks.callbacks import RLlibCallback
 from rllib_ext.callbacks import add_callback
 from rllib_ext.env_runners import rllib_env_runner_class
 from rllib_ext.profiling.breakdown import PHASES, Breakdown, breakdown_of_result, merge_breakdowns
-from rllib_ext.profiling.env_runner import EnvRunnerTimers, timed_subclass
-from rllib_ext.profiling.learner import LearnerTimers
+from rllib_ext.profiling.env_runner import profiled_env_runner_class
+from rllib_ext.profiling.learner import profiled_learner_class
 
 __all__ = ["PHASES", "TRACE_FILE", "Breakdown", "ProfilerCallback", "breakdown_of_result"]
 __all__ += ["check_out_dir", "enable_profiling"]
 
 logger = logging.getLogger(__name__)
 
-RESULT_KEY = "rllib_ext_profile"
+RESULT_KEY = "rllib_ext/profile"
+"""The result key of a timed iteration's shares (``wall_s`` and one per phase)."""
 TRACE_FILE = "learner.pt.trace.json.gz"
 """Under ``<out_dir>/trace``: TensorBoard's PyTorch profiler plugin reads ``*.pt.trace.json.gz``."""
 CONFIG_KEYS = (
@@ -140,10 +142,10 @@ def enable_profiling(
     # recording runner with .offline_data(output=...)); rllib_ext.PPOConfig's runner table
     # applies its rules to the class underneath (rllib_ext.runner_table).
     chosen = config.env_runner_cls
-    runner = timed_subclass(
-        EnvRunnerTimers, chosen or rllib_env_runner_class(config), rllib_choice=chosen is None
+    runner = profiled_env_runner_class(
+        chosen or rllib_env_runner_class(config), rllib_choice=chosen is None
     )
-    learner = timed_subclass(LearnerTimers, config.learner_class)
+    learner = profiled_learner_class(config.learner_class)
     config.env_runners(env_runner_cls=runner)
     config.learners(learner_class=learner)
 

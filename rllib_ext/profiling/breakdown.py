@@ -1,8 +1,8 @@
 """Where one training iteration's wall time went, computed from its RLlib result dict.
 
-Inputs: ``time_this_iter_s``, the timers' ``env_runners/profile/<phase>_s`` and
-``learners/__all_modules__/profile/<phase>_s`` (summed over EnvRunners / Learners by RLlib) and
-``CompiledGAE``'s ``gae/time_ms``. Leaf phases sum to the wall time and are never negative;
+Inputs: ``time_this_iter_s``, the timers' ``env_runners/rllib_ext/profile/<phase>_s`` and
+``learners/__all_modules__/rllib_ext/profile/<phase>_s`` (summed over EnvRunners / Learners by
+RLlib) and ``CompiledGAE``'s ``rllib_ext/gae/time_ms``. Leaf phases sum to the wall time and are never negative;
 ``unaccounted_s`` (wall minus sampling and learner) is clearly negative only if something were
 counted twice.
 """
@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rllib_ext.connectors.gae import GAE_TIME_KEY
+from rllib_ext.learners.comm import COMM_METRIC
 from rllib_ext.profiling.env_runner import PROFILE_KEY
 
 __all__ = ["PHASES", "SOURCES", "Breakdown", "breakdown_of_result", "merge_breakdowns"]
@@ -25,7 +27,7 @@ SOURCES: dict[str, str] = {
     "sampling/episodes": "EnvRunner.sample() minus the above: per-agent episode bookkeeping, "
     "callbacks, episode numpy conversion",
     "learner/connector": "update start to first minibatch minus GAE: learner connector, tensors",
-    "learner/gae": "CompiledGAE (gae/time_ms); RLlib's GAE stays in learner/connector",
+    "learner/gae": "CompiledGAE (rllib_ext/gae/time_ms); RLlib's GAE stays in learner/connector",
     "learner/forward": "_uncompiled_update start to compute_losses: forward_train",
     "learner/loss": "compute_losses",
     "learner/backward": "compute_gradients minus grad_comm",
@@ -132,7 +134,7 @@ def breakdown_of_result(
         "sampling/episodes",
     )
     # CompiledGAE logs the same elapsed time under every module (window=1: last value).
-    gae = max((_num(r, "gae/time_ms") / 1e3 for r in modules.values()), default=0.0)
+    gae = max((_num(r, GAE_TIME_KEY) / 1e3 for r in modules.values()), default=0.0)
     backward = learner_s("backward")
     comm = min(backward, learner_s("grad_comm"))
     learner = _fit(
@@ -150,7 +152,7 @@ def breakdown_of_result(
     )
     # Sampling and the update run one after the other, so this is not expected to exceed 1.
     seconds = _fit({**sampling, **learner}, wall, "other")
-    comm_keys = ("comm/time_ms", "comm/codec_time_ms", "comm/bytes_sent")
+    comm_keys = tuple(f"{COMM_METRIC}/{k}" for k in ("time_ms", "codec_time_ms", "bytes_sent"))
     details = {
         "env_steps": _num(result, "env_runners", "num_env_steps_sampled"),
         "comm": {

@@ -1,8 +1,15 @@
-"""The phase clock and the EnvRunner timers (``Profiling<Base>``, a subclass of the config's).
+"""The phase clock and the env runner's timer (:class:`SampleTimer`, held by ``Profiling<Base>``).
 
-One ``sample()`` call logs ``profile/<phase>_s`` (``reduce="sum"``: the result holds
-``env_runners/profile/<phase>_s`` summed over EnvRunners) for ``sample`` (the whole call),
+One ``sample()`` call logs ``rllib_ext/profile/<phase>_s`` (``reduce="sum"``: the result holds
+``env_runners/rllib_ext/profile/<phase>_s`` summed over EnvRunners) for ``sample`` (the whole call),
 ``env_step``, ``connectors`` and ``inference`` (see :data:`~rllib_ext.profiling.breakdown.SOURCES`).
+
+Profiling applies to any runner class (a user's, RLlib's recording runner, ours), so it is no
+setting a runner reads: :func:`profiled_env_runner_class` gives ``Profiling<Base>``, one subclass
+of ``Base`` (single inheritance, one per base), whose ``__init__`` builds a :class:`SampleTimer`
+and whose ``sample()`` / ``_try_env_step`` hand to it. Installing the timer on an instance is not
+possible without patching methods: RLlib builds the runner inside its actor from the class in the
+config and has no callback around ``sample()`` or one env step.
 """
 
 from __future__ import annotations
@@ -10,7 +17,7 @@ from __future__ import annotations
 import functools
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -20,10 +27,10 @@ from ray.rllib.utils.annotations import override
 
 from rllib_ext import _rllib_private as private
 
-__all__ = ["PROFILE_KEY", "EnvRunnerTimers", "PhaseClock", "PipelineMark"]
-__all__ += ["timed_subclass"]
+__all__ = ["PROFILE_KEY", "PhaseClock", "PipelineMark", "SampleTimer", "profiled"]
+__all__ += ["profiled_env_runner_class"]
 
-PROFILE_KEY = "profile"
+PROFILE_KEY = "rllib_ext/profile"
 """Metrics key under which EnvRunners and Learners log their phase seconds."""
 
 
@@ -52,7 +59,7 @@ class PhaseClock:
             self.seconds[phase] += time.perf_counter() - start
 
     def log(self, metrics: Any, *key: str) -> None:
-        """Logs ``(*key, "profile", "<phase>_s")`` into a ``MetricsLogger`` and starts over."""
+        """Logs ``(*key, PROFILE_KEY, "<phase>_s")`` into a ``MetricsLogger`` and starts over."""
         for phase, seconds in self.seconds.items():
             metrics.log_value((*key, PROFILE_KEY, f"{phase}_s"), seconds, reduce="sum")
         self.seconds.clear()
@@ -78,65 +85,96 @@ class PipelineMark(ConnectorV2):
         return batch
 
 
-class EnvRunnerTimers(EnvRunner):
-    """Times the phases of ``sample()``; combined with an EnvRunner by :func:`timed_subclass`."""
+class SampleTimer:
+    """Times the phases of one env runner's ``sample()`` (see the module docstring): marks in
+    both connector pipelines (RLlib built them in ``__init__``; the forward runs between) and
+    the env steps."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.sample_clock = clock = PhaseClock()
-        # Spans (closed, opened): RLlib built both pipelines in __init__; the forward runs between.
-        env_to_module = private.env_to_module(self)
-        module_to_env = private.module_to_env(self)
+    def __init__(self, runner: EnvRunner) -> None:
+        self.runner = runner
+        self.clock = clock = PhaseClock()
+        env_to_module = private.env_to_module(runner)
+        module_to_env = private.module_to_env(runner)
         env_to_module.prepend(PipelineMark(clock=clock, spans=("", "connectors")))
         env_to_module.append(PipelineMark(clock=clock, spans=("connectors", "inference")))
         module_to_env.prepend(PipelineMark(clock=clock, spans=("inference", "connectors")))
         module_to_env.append(PipelineMark(clock=clock, spans=("connectors", "")))
 
-    @override(EnvRunner)
-    def sample(self, *args: Any, **kwargs: Any) -> Any:
-        self.sample_clock.seconds.clear()
+    def sample(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``call(*args, **kwargs)`` (the runner's ``sample()``), timed and logged."""
+        self.clock.seconds.clear()
         # The first forward of this call uses the env-to-module output cached by the last one.
-        self.sample_clock.open("inference")
-        with self.sample_clock.time("sample"):
-            episodes = super().sample(*args, **kwargs)
-        self.sample_clock.log(self.metrics)
+        self.clock.open("inference")
+        with self.clock.time("sample"):
+            episodes = call(*args, **kwargs)
+        self.clock.log(self.runner.metrics)
         return episodes
 
-    @override(EnvRunner)
-    def _try_env_step(self, actions: Any) -> Any:
-        self.sample_clock.opened.pop("inference", None)  # no forward this step (envs resetting)
-        with self.sample_clock.time("env_step"):
-            return super()._try_env_step(actions)
+    def env_step(self, call: Callable[[Any], Any], actions: Any) -> Any:
+        """``call(actions)`` (the runner's ``_try_env_step``), timed."""
+        self.clock.opened.pop("inference", None)  # no forward this step (envs resetting)
+        with self.clock.time("env_step"):
+            return call(actions)
+
+
+def profiled(cls: type) -> bool:
+    """Whether ``cls`` is a ``Profiling<Base>`` class built here (not a subclass of one)."""
+    return "profiled_class" in vars(cls)
+
+
+def check_profiled_base(base: type, needed: type, fix: str) -> None:
+    """Raises ``TypeError`` naming ``fix`` unless ``base`` is a class deriving from ``needed``."""
+    if not (isinstance(base, type) and issubclass(base, needed)):
+        name = getattr(base, "__name__", repr(base))
+        raise TypeError(f"profiling needs a {needed.__name__} subclass, got {name}. Fix: {fix}")
+
+
+def name_profiled(cls: type, base: type, module: str) -> type:
+    """``cls`` named ``Profiling<base>`` in ``module``."""
+    cls.__name__ = cls.__qualname__ = f"Profiling{base.__name__}"
+    cls.__module__ = module
+    return cls
 
 
 @functools.cache
-def timed_subclass(timers: type, base: type, *, rllib_choice: bool = False) -> type:
-    """``Profiling<base>``: ``base`` with the ``timers`` mixin in front (``base`` if it has it).
-
-    One class per arguments (cached), so re-applying a config's rules keeps its class.
+def profiled_env_runner_class(base: type, *, rllib_choice: bool = False) -> type:
+    """``Profiling<base>``: ``base`` whose ``sample()`` and env steps hand to a
+    :class:`SampleTimer` (``base`` itself if it is one already). One class per arguments
+    (cached), so re-applying a config's rules keeps its class.
 
     Args:
         rllib_choice: ``base`` is the class RLlib picked (``env_runner_cls`` was ``None``), not
             one the user chose; the runner table (:mod:`rllib_ext.runner_table`) reads it.
 
     Raises:
-        TypeError: ``base`` does not extend the class ``timers`` extends, naming the fix.
+        TypeError: ``base`` is no ``EnvRunner``, naming the fix.
     """
-    needed = timers.__mro__[1]
-    if issubclass(base, timers):
+    if profiled(base):
         return base
-    if not issubclass(base, needed):
-        raise TypeError(
-            f"profiling needs a {needed.__name__} subclass, got {base.__name__}. Fix: "
-            ".framework('torch') with a torch learner (e.g. rllib_ext.PPOExtTorchLearner)."
-        )
+    check_profiled_base(base, EnvRunner, "pass an RLlib EnvRunner subclass as env_runner_cls.")
 
-    class Profiling(timers, base):
+    class Profiled(base):
         profiled_class = base
         """The class being timed (what reports name)."""
         profiled_rllib_choice = rllib_choice
         """``base`` is RLlib's own choice, not the user's (see ``rllib_choice``)."""
+        sample_timer: SampleTimer
 
-    Profiling.__name__ = Profiling.__qualname__ = f"Profiling{base.__name__}"
-    Profiling.__module__ = timers.__module__
-    return Profiling
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.sample_timer = SampleTimer(self)
+
+        @property
+        def sample_clock(self) -> PhaseClock:
+            """The clock fused loops report to (:func:`rllib_ext.sampling_protocol.sample_phase`)."""
+            return self.sample_timer.clock
+
+        @override(EnvRunner)
+        def sample(self, *args: Any, **kwargs: Any) -> Any:
+            return self.sample_timer.sample(super().sample, *args, **kwargs)
+
+        @override(EnvRunner)
+        def _try_env_step(self, actions: Any) -> Any:
+            return self.sample_timer.env_step(super()._try_env_step, actions)
+
+    return name_profiled(Profiled, base, __name__)

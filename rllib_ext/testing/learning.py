@@ -35,7 +35,7 @@ class LearningReport:
     iterations: int
     wall_s: float
     learners: dict[str, Any]
-    """``result["learners"]`` of the last iteration (per-module metrics such as ``amp/...``)."""
+    """``result["learners"]`` of the last iteration (per-module metrics such as ``rllib_ext/amp/...``)."""
 
 
 def steps_to_return(config: Any, *, target: float, max_env_steps: int) -> LearningReport:

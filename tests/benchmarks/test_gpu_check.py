@@ -116,12 +116,12 @@ def test_ppo_runs_report_every_component_metric(
         assert row["missing_metrics"] == [], row["missing_metrics"]
         assert row["env_steps"] > 0 and row["env_steps_per_s"] > 0
         metrics, mid = row["metrics"], row["module_id"]
-        assert metrics[f"learners/{mid}/gae/compiled"] == 1.0
-        assert metrics[f"learners/{mid}/batching/vectorized"] == 1.0
+        assert metrics[f"learners/{mid}/rllib_ext/gae/compiled"] == 1.0
+        assert metrics[f"learners/{mid}/rllib_ext/batching/vectorized"] == 1.0
         if row["preset"].startswith("smax"):
-            assert metrics["env_runners/smax_batched_envs"] > 1
-            assert f"learners/{mid}/value_norm/std" in metrics
-            assert f"learners/{mid}/death_mask/dead_fraction" in metrics
+            assert metrics["env_runners/rllib_ext/smax_batched_envs"] > 1
+            assert f"learners/{mid}/rllib_ext/value_norm/std" in metrics
+            assert f"learners/{mid}/rllib_ext/death_mask/dead_fraction" in metrics
 
 
 def test_chapter4_trains_with_fp16(report: dict[str, Any]) -> None:

@@ -52,7 +52,7 @@ def test_short_run_writes_everything_and_evaluate_reads_it(
     progress = pd.read_csv(run_dir / "progress.csv")
     assert list(progress["training_iteration"]) == list(range(1, summary["iterations"] + 1))
     assert "env_runners/episode_return_mean" in progress.columns
-    assert "learners/default_policy/gae/compiled" in progress.columns  # the extension ran
+    assert "learners/default_policy/rllib_ext/gae/compiled" in progress.columns  # the extension ran
     assert "config/lr" not in progress.columns
     tune_result = Result.from_path(str(run_dir))
     assert tune_result.metrics["training_iteration"] == summary["iterations"]

@@ -167,7 +167,7 @@ def test_learners_on_two_nodes_train_and_a_lost_node_ends_in_one_line(
         assert len(nodes) == 2, watch
         row = json.loads((run_dir / "result.json").read_text().splitlines()[0])
         comm = row["learners"]["default_policy"]
-        assert any(key.startswith("comm/") for key in comm), sorted(comm)
+        assert any(key.startswith("rllib_ext/comm/") for key in comm), sorted(comm)
 
         os.kill(two_nodes.worker_raylet(), signal.SIGKILL)
         code = proc.wait(timeout=180)

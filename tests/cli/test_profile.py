@@ -97,7 +97,7 @@ def test_profile_two_learners_with_compression_times_gradient_communication(
     assert data["details"]["config"]["num_learners"] == 2
     assert data["details"]["config"]["learner_config_dict"]["grad_compression"] == codec
     comm = data["details"]["per_iteration"][0]["details"]["comm"]
-    assert comm["default_policy"]["comm/bytes_sent"] > 0
+    assert comm["default_policy"]["rllib_ext/comm/bytes_sent"] > 0
 
 
 @pytest.mark.slow
@@ -127,10 +127,12 @@ def test_enable_profiling_under_tune_adds_results_and_files(tmp_path: Path) -> N
     df = results.get_dataframe()  # last row: iteration 3 (traced, not broken down)
     metrics = results[0].metrics_dataframe
     row = metrics[metrics["training_iteration"] == 2].iloc[0]
-    shares = [row[f"rllib_ext_profile/{p}"] for p in PHASES]
+    shares = [row[f"rllib_ext/profile/{p}"] for p in PHASES]
     assert sum(shares) == pytest.approx(1.0, abs=1e-6)
-    assert row["rllib_ext_profile/learner/gae"] > 0
-    assert row["env_runners/profile/env_step_s"] > 0  # the raw seconds, logged by the EnvRunner
+    assert row["rllib_ext/profile/learner/gae"] > 0
+    assert (
+        row["env_runners/rllib_ext/profile/env_step_s"] > 0
+    )  # the raw seconds, logged by the EnvRunner
     assert int(df["training_iteration"].iloc[0]) == 3
     _check_breakdown(json.loads((out / "breakdown.json").read_text()), iterations=[2])
     assert (out / "trace" / "learner.pt.trace.json.gz").is_file()

@@ -27,7 +27,9 @@ def test_cartpole_trains_with_the_defaults(tmp_path: Path) -> None:
     assert summary["env_steps"] >= 2000
     row = json.loads((tmp_path / "run" / "result.json").read_text().splitlines()[-1])
     learner = row["learners"]["default_policy"]
-    assert learner["gae/compiled"] == 1.0 and learner["batching/vectorized"] == 1.0
+    assert (
+        learner["rllib_ext/gae/compiled"] == 1.0 and learner["rllib_ext/batching/vectorized"] == 1.0
+    )
 
 
 def test_smax_trains_with_the_map_preset(tmp_path: Path) -> None:
@@ -37,4 +39,4 @@ def test_smax_trains_with_the_map_preset(tmp_path: Path) -> None:
     summary = _train(tmp_path / "run", *argv)
     assert summary["backend"] == "smax" and summary["settings"]["preset"] == "smax-3m"
     row = json.loads((tmp_path / "run" / "result.json").read_text().splitlines()[-1])
-    assert row["env_runners"]["smax_fused_sampling"] == 1
+    assert row["env_runners"]["rllib_ext/smax_fused_sampling"] == 1

@@ -304,7 +304,7 @@ def test_amp_inference_picks_the_env_runner_when_the_flag_is_set() -> None:
     from rllib_ext.fused_sampling import FusedSingleAgentEnvRunner
 
     cfg = rllib_ext.PPOConfig().training(amp="bf16", amp_inference=True)
-    assert cfg.env_runner_cls is FusedSingleAgentEnvRunner  # an AMPInference runner too
+    assert cfg.env_runner_cls is FusedSingleAgentEnvRunner  # an AMP runner too
     cfg.training(fused_sampling=False)
     assert cfg.env_runner_cls is AMPSingleAgentEnvRunner
     cfg.environment("smax", env_config={"map_name": "3m"})  # multi-agent now
@@ -318,14 +318,14 @@ def test_amp_inference_picks_the_env_runner_when_the_flag_is_set() -> None:
     assert mine.env_runner_cls is MyRunner  # the user's class is kept
 
 
-def test_amp_inference_is_a_protocol_a_runner_opts_into() -> None:
-    """A runner class gets ``amp_inference`` by putting AMPInference in its bases (no AMP
-    runner to derive from); one without it is refused in one line naming the fix."""
+def test_amp_inference_needs_a_runner_holding_the_amp_feature() -> None:
+    """A runner class gets ``amp_inference`` by deriving from rllib_ext's runner of its RLlib
+    base (which holds the feature); one without it is refused in one line naming the fix."""
     from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
-    from rllib_ext.env_runners import AMPInference, supports_amp_inference
+    from rllib_ext.env_runners import AMPSingleAgentEnvRunner, supports_amp_inference
 
-    class OptedIn(AMPInference, SingleAgentEnvRunner):
+    class OptedIn(AMPSingleAgentEnvRunner):
         pass
 
     class Plain(SingleAgentEnvRunner):
@@ -342,7 +342,7 @@ def test_amp_inference_is_a_protocol_a_runner_opts_into() -> None:
     with pytest.raises(ValueError) as info:
         bad.validate()
     message = str(info.value)
-    assert "\n" not in message and "got Plain" in message and "AMPInference" in message
+    assert "\n" not in message and "got Plain" in message and "AMPSingleAgentEnvRunner" in message
     assert "amp_inference=False" in message
 
 

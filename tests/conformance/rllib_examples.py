@@ -5,7 +5,7 @@ place, and the two runs are compared.
 TEST HARNESS ONLY, not package code: :func:`bootstrap` replaces ``PPO`` and ``PPOConfig`` in
 ``ray.rllib.algorithms.ppo`` (and ``.ppo.ppo``) before the script imports them, seeds every config
 the script builds and wraps ``Algorithm.train`` / ``tune.Tuner.fit`` to write what each iteration
-reported (flattened result keys, episode statistics, ``env_runners/fused_sampling``, the
+reported (flattened result keys, episode statistics, ``env_runners/rllib_ext/fused_sampling``, the
 ``FusedSamplingFallback`` warnings) to a JSON file. rllib_ext itself patches nothing in Ray.
 
 ``python -m tests.conformance.rllib_examples [--fast] [--json PATH]`` (``make conformance``) runs
@@ -40,8 +40,10 @@ EPISODE_STATS = (
 )
 """``env_runners/<stat>`` of the first iteration, compared where our path is exact."""
 LENGTHS = tuple(s for s in EPISODE_STATS if "return" not in s)
-OUR_KEY = re.compile(r"(^|/)(fused_sampling|smax_fused_sampling|gae|batching|amp|comm)(/|$)")
-"""Result keys rllib_ext adds under its own names (README, "Components")."""
+OUR_KEY = re.compile(r"(^|/)rllib_ext/")
+"""Result keys rllib_ext adds: all under its own prefix (README, "Components")."""
+FUSED_KEY = "rllib_ext/fused_sampling"
+"""``env_runners/<this>``: 1 where the last ``sample()`` ran the fused loop."""
 FALLBACK = re.compile(r"FusedSamplingFallback: (?:fused sampling off, RLlib's loop runs: )?(.*)")
 FALLBACK_PREFIX = "fused sampling off, RLlib's loop runs: "
 
@@ -141,7 +143,7 @@ def _iteration(result: Mapping[str, Any], extra: dict[str, Any]) -> dict[str, An
     return {
         "keys": sorted(set(_flat_keys(result))),
         "episodes": {k: _number(runners.get(k)) for k in EPISODE_STATS},
-        "fused_sampling": _number(runners.get("fused_sampling")),
+        "fused_sampling": _number(runners.get(FUSED_KEY)),
         **extra,
     }
 

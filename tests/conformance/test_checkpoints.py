@@ -4,7 +4,7 @@
   fused Adam survives the stock optimizer state (torch's ``load_state_dict`` copies the saved
   param-group flags, which turned the lean step into RLlib's single-tensor loop).
 * An rllib_ext checkpoint restored into stock RLlib reports no rllib_ext metrics
-  (``gae/*``, ``batching/*``, ``env_runners/fused_sampling``): ours are saved under our own state
+  (``rllib_ext/gae/*``, ``rllib_ext/batching/*``, ``env_runners/rllib_ext/fused_sampling``): ours are saved under our own state
   key, by the learner and by ``rllib_ext.PPO`` (the algorithm's logger holds them too).
 """
 
@@ -55,7 +55,19 @@ def _our_learner_metrics(learner: Any) -> list[str]:
 
 def _our_result_keys(result: dict[str, Any]) -> list[str]:
     learner = result["learners"][MODULE]
-    return sorted(k for k in learner if k.split("/")[0] in ("gae", "batching", "amp", "comm"))
+    return sorted(k for k in learner if k.startswith("rllib_ext/"))
+
+
+def test_our_metrics_are_recognised_under_our_prefix_and_under_their_old_names() -> None:
+    ours = ["default_policy--rllib_ext/gae/time_ms", "learners--p0--rllib_ext/amp/dtype"]
+    ours += ["env_runners--rllib_ext/win_rate", "learners--__all_modules__--rllib_ext/profile"]
+    # Older rllib_ext checkpoints: the same metrics before they moved under rllib_ext/.
+    ours += ["default_policy--gae/time_ms", "learners--p0--batching/vectorized"]
+    ours += ["env_runners--fused_sampling", "env_runners--smax_fused_groups"]
+    assert all(is_our_metric(key) for key in ours)
+    rllibs = ["default_policy--policy_loss", "env_runners--episode_return_mean"]
+    rllibs += ["learners--p0--gaelic", "env_runners--win_rate", "learners--__all_modules__--gae"]
+    assert not any(is_our_metric(key) for key in rllibs)
 
 
 def test_stock_checkpoint_into_rllib_ext_keeps_the_lean_update(checkpoints) -> None:
@@ -78,7 +90,7 @@ def test_rllib_ext_checkpoint_into_stock_reports_no_rllib_ext_metrics(checkpoint
         assert _our_learner_metrics_of(algo) == []
         result = algo.train()
         assert _our_result_keys(result) == []
-        assert "fused_sampling" not in result["env_runners"]
+        assert "rllib_ext/fused_sampling" not in result["env_runners"]
     finally:
         algo.stop()
 
@@ -89,7 +101,7 @@ def test_rllib_ext_checkpoint_into_rllib_ext_keeps_our_metrics(checkpoints) -> N
         algo.restore_from_path(str(checkpoints["ours"]))
         assert _our_learner_metrics_of(algo)  # put back from our own state key
         algo_stats = private.metrics_state_stats(algo.metrics.get_state())
-        assert "env_runners--fused_sampling" in algo_stats
+        assert "env_runners--rllib_ext/fused_sampling" in algo_stats
         assert on_learner(algo, _adam_flags) == [True]
     finally:
         algo.stop()

@@ -41,12 +41,13 @@ def test_wall_time_keys_are_not_compared() -> None:
 
 
 def test_only_our_documented_keys_may_be_added() -> None:
-    ours = ("a", "env_runners/b", "env_runners/fused_sampling", "learners/p0/gae/time_ms")
+    ours = ("a", "env_runners/b", "env_runners/rllib_ext/fused_sampling")
+    ours += ("learners/p0/rllib_ext/gae/time_ms",)
     assert rx.compare("x", run(), run("rllib_ext", keys=ours)).conforms
     row = rx.compare("x", run(), run("rllib_ext", keys=(*ours, "episode_reward_mean")))
     assert row.unknown_keys == ["episode_reward_mean"]  # the 2023 names: rllib_ext.compat only
-    row = rx.compare("x", run(), run("rllib_ext", keys=("a", "env_runners/b", "learners/gaelic")))
-    assert row.unknown_keys == ["learners/gaelic"] and not row.conforms
+    row = rx.compare("x", run(), run("rllib_ext", keys=("a", "env_runners/b", "learners/p0/gae/x")))
+    assert row.unknown_keys == ["learners/p0/gae/x"] and not row.conforms  # not under our prefix
 
 
 def test_a_replaced_piece_timer_may_be_missing_only_where_ours_ran() -> None:

@@ -19,7 +19,7 @@ from rllib_ext.env_runners import AMPMultiAgentEnvRunner, AMPSingleAgentEnvRunne
 from rllib_ext.envs.smac.env_runner import SMAXVectorEnvRunner
 from rllib_ext.fused_sampling import FusedSingleAgentEnvRunner
 from rllib_ext.profiling import enable_profiling
-from rllib_ext.profiling.env_runner import EnvRunnerTimers
+from rllib_ext.profiling.env_runner import profiled
 from rllib_ext.runner_table import RULES, select_env_runner_class
 from tests.conformance._configs import tiny
 
@@ -121,16 +121,24 @@ def test_profiled_variants_follow_the_table(tmp_path: Path) -> None:
     config = enable_profiling(_cartpole(), out_dir=None)
     choice = select_env_runner_class(config)
     assert choice.rule == "profiled:fused_single_agent"
-    assert choice.cls.__mro__[1:3] == (EnvRunnerTimers, FusedSingleAgentEnvRunner)
+    assert profiled(choice.cls) and choice.cls.__mro__[1] is FusedSingleAgentEnvRunner
     same = config.env_runner_cls
     config.env_runners(rollout_fragment_length="auto")  # re-applies: the same class
     assert config.env_runner_cls is same
     config.offline_data(output=str(tmp_path))
-    assert config.env_runner_cls.__mro__[1:3] == (EnvRunnerTimers, OfflineSingleAgentEnvRunner)
+    assert config.env_runner_cls.__mro__[1] is OfflineSingleAgentEnvRunner
     assert select_env_runner_class(config).rule == "profiled:rllib_offline_output"
     # A stock config with output: profiling times RLlib's recording runner, not the plain one.
     stock = enable_profiling(StockPPOConfig().offline_data(output=str(tmp_path)), out_dir=None)
-    assert stock.env_runner_cls.__mro__[1:3] == (EnvRunnerTimers, OfflineSingleAgentEnvRunner)
+    assert stock.env_runner_cls.__mro__[1] is OfflineSingleAgentEnvRunner
+
+    # A user's class: profiled as it is, one layer above it.
+    class MyRunner(SingleAgentEnvRunner):
+        pass
+
+    mine = enable_profiling(_cartpole().env_runners(env_runner_cls=MyRunner), out_dir=None)
+    assert select_env_runner_class(mine).rule == "profiled:user_class"
+    assert profiled(mine.env_runner_cls) and mine.env_runner_cls.__mro__[1] is MyRunner
 
 
 def _record(config: Any, out: Path) -> list[Path]:

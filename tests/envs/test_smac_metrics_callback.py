@@ -40,11 +40,11 @@ def test_logs_win_rate_and_battle_stats():
     ]
     for info in episodes:
         callback.on_episode_end(episode=_Episode(info), metrics_logger=logger, env_index=0)
-    assert logger.peek("win_rate") == pytest.approx(0.5)
-    assert logger.peek("dead_allies") == pytest.approx(1.0)
-    assert logger.peek("dead_enemies") == pytest.approx(9 / 4)
-    assert logger.peek("timeout_rate") == pytest.approx(0.25)
-    assert logger.peek("sc2_restarts") == 3
+    assert logger.peek("rllib_ext/win_rate") == pytest.approx(0.5)
+    assert logger.peek("rllib_ext/dead_allies") == pytest.approx(1.0)
+    assert logger.peek("rllib_ext/dead_enemies") == pytest.approx(9 / 4)
+    assert logger.peek("rllib_ext/timeout_rate") == pytest.approx(0.25)
+    assert logger.peek("rllib_ext/sc2_restarts") == 3
     assert set(SMAC_METRIC_KEYS) <= set(logger.reduce())
 
 
@@ -53,4 +53,4 @@ def test_ignores_episodes_without_smac_info():
     SMACMetricsCallback().on_episode_end(
         episode=_Episode({"other": 1}), metrics_logger=logger, env_index=0
     )
-    assert "win_rate" not in logger.reduce()
+    assert "rllib_ext/win_rate" not in logger.reduce()

@@ -259,7 +259,7 @@ def test_amp_inference_keeps_the_batched_runner_in_either_order():
     assert amp_first.env_runner_cls is AMPMultiAgentEnvRunner
     runner = SMAXVectorEnvRunner(config=amp_last)
     assert runner.sample(num_timesteps=16, explore=True)
-    assert runner.get_metrics()["smax_fused_sampling"].peek() == 1.0
+    assert runner.get_metrics()["rllib_ext/smax_fused_sampling"].peek() == 1.0
     runner.stop()
 
 
@@ -282,7 +282,7 @@ def test_runner_samples_episodes_equal_to_rllib_runner_semantics():
             actions = np.asarray(sa.get_actions())
             assert (masks[np.arange(len(actions)), actions] == 1).all()
     metrics = runner.get_metrics()
-    assert metrics["smax_batched_envs"].peek() == 3
+    assert metrics["rllib_ext/smax_batched_envs"].peek() == 3
     runner.stop()
 
 
@@ -332,7 +332,7 @@ def test_fused_sampling_pauses_the_gc_only_while_it_runs(pause_gc):
     runner.pause_gc = pause_gc
     assert SMAXVectorEnvRunner.pause_gc is True
     runner.sample(num_timesteps=60, explore=True)
-    assert runner.get_metrics()["smax_fused_sampling"].peek() == 1.0
+    assert runner.get_metrics()["rllib_ext/smax_fused_sampling"].peek() == 1.0
     assert seen and set(seen) == {not pause_gc}
     assert gc.isenabled()
     runner.stop()
@@ -363,11 +363,11 @@ def test_build_algo_train_uses_batched_runner_on_remote_env_runner(ray_session):
     finally:
         algo.stop()
     runners = result["env_runners"]
-    assert runners["smax_batched_envs"] == 4
-    assert runners["smax_fused_sampling"] == 1.0
-    assert runners["smax_fused_groups"] == 1  # "auto": 4 battles of 3m stay one group
+    assert runners["rllib_ext/smax_batched_envs"] == 4
+    assert runners["rllib_ext/smax_fused_sampling"] == 1.0
+    assert runners["rllib_ext/smax_fused_groups"] == 1  # "auto": 4 battles of 3m stay one group
     assert runners["num_env_steps_sampled_lifetime"] >= 256
-    assert "win_rate" in runners
+    assert "rllib_ext/win_rate" in runners
 
 
 def _assert_buffers_equal(ours, theirs, where):
@@ -512,12 +512,13 @@ def test_fused_sampling_returns_the_episodes_rllibs_loop_returns(
                 )
     assert len(set(_ENDED_AT[id(ours)])) > 1  # episodes ended in more than one battle
     ours_metrics, theirs_metrics = ours.get_metrics(), theirs.get_metrics()
-    assert ours_metrics["smax_fused_sampling"].peek() == 1.0
+    assert ours_metrics["rllib_ext/smax_fused_sampling"].peek() == 1.0
     for timer in ("env_reset_timer", "env_step_timer"):
         assert timer in ours_metrics and timer in theirs_metrics, timer
-    assert ours_metrics["smax_fused_groups"].peek() == ours.vector_env.battles.num_groups
+    assert ours_metrics["rllib_ext/smax_fused_groups"].peek() == ours.vector_env.battles.num_groups
     keys = ("num_env_steps_sampled_lifetime", "num_episodes_lifetime", "episode_return_mean")
-    keys += ("episode_len_mean", "win_rate", "timeout_rate", "num_module_steps_sampled_lifetime")
+    keys += ("episode_len_mean", "rllib_ext/win_rate", "rllib_ext/timeout_rate")
+    keys += ("num_module_steps_sampled_lifetime",)
     keys += ("num_agent_steps_sampled_lifetime",)
     for key in keys:
         mine, ref = ours_metrics[key], theirs_metrics[key]
@@ -550,7 +551,7 @@ def test_fused_sampling_recovers_after_an_exception_in_the_loop():
         runner.sample(num_timesteps=60, explore=True)
     episodes = runner.sample(num_timesteps=60, explore=True)
     assert sum(ep.env_steps() for ep in episodes) >= 60
-    assert runner.get_metrics()["smax_fused_sampling"].peek() == 1.0
+    assert runner.get_metrics()["rllib_ext/smax_fused_sampling"].peek() == 1.0
     runner.stop()
 
 
@@ -571,7 +572,7 @@ def test_fused_sampling_falls_back_where_it_cannot_be_exact():
     assert "episode_lookback_horizon=2" in smax_rule(runner, num_timesteps=16, random_actions=False)
     episodes = runner.sample(num_timesteps=16, explore=True)
     assert sum(ep.env_steps() for ep in episodes) >= 16
-    assert runner.get_metrics()["smax_fused_sampling"].peek() == 0.0
+    assert runner.get_metrics()["rllib_ext/smax_fused_sampling"].peek() == 0.0
     runner.stop()
 
     config = _config(num_envs=2, seed=0)
@@ -586,7 +587,7 @@ def test_fused_sampling_falls_back_where_it_cannot_be_exact():
     config.validate()
     runner = SMAXVectorEnvRunner(config=config)
     runner.sample(num_timesteps=16, explore=True)
-    assert runner.get_metrics()["smax_fused_sampling"].peek() == 0.0
+    assert runner.get_metrics()["rllib_ext/smax_fused_sampling"].peek() == 0.0
     runner.stop()
 
 
@@ -632,7 +633,7 @@ def test_module_with_extra_outputs_samples_on_rllibs_loop_and_keeps_them():
         assert len(fallbacks) == (1 if call == 0 else 0)
         torch.manual_seed(call)
         expected = reference.sample(num_timesteps=16, explore=True)
-        assert runner.get_metrics()["smax_fused_sampling"].peek() == 0.0
+        assert runner.get_metrics()["rllib_ext/smax_fused_sampling"].peek() == 0.0
         assert len(episodes) == len(expected)
         for ep, ref_ep in zip(episodes, expected, strict=True):
             for agent, sa in ep.agent_episodes.items():

@@ -173,9 +173,9 @@ def test_metrics_show_amp_in_training_results() -> None:
     algo = _config(amp="fp16").build_algo()
     try:
         res = algo.train()["learners"][MID]
-        assert res["amp/dtype"] == "float16"
-        assert res["amp/loss_scale"] >= 1024.0
-        assert res["amp/skipped_steps"] == 0
+        assert res["rllib_ext/amp/dtype"] == "float16"
+        assert res["rllib_ext/amp/loss_scale"] >= 1024.0
+        assert res["rllib_ext/amp/skipped_steps"] == 0
     finally:
         algo.stop()
 
@@ -184,8 +184,8 @@ def test_bf16_metrics_and_master_weights_stay_fp32() -> None:
     algo = _config(amp="bf16").build_algo()
     try:
         res = algo.train()["learners"][MID]
-        assert res["amp/dtype"] == "bfloat16"
-        assert "amp/loss_scale" not in res
+        assert res["rllib_ext/amp/dtype"] == "bfloat16"
+        assert "rllib_ext/amp/loss_scale" not in res
         learner = algo.learner_group._learner
         assert all(p.dtype == torch.float32 for p in learner.module[MID].parameters())
     finally:
@@ -233,7 +233,7 @@ def test_tutorial_chapter4_config_builds_and_trains() -> None:
     algo = cfg.build_algo()
     try:
         res = algo.train()["learners"][MID]
-        assert res["amp/dtype"] == "float16"
+        assert res["rllib_ext/amp/dtype"] == "float16"
         module = algo.learner_group._learner.module[MID]
         linears = [m for m in module.modules() if isinstance(m, torch.nn.Linear)]
         assert linears[0].out_features == 256  # model= reached the RLModule
@@ -312,13 +312,13 @@ def test_two_learners_take_the_same_overflow_decision() -> None:
 
 
 def test_amp_inference_runs_env_runner_forward_in_bf16_and_keeps_fp32_logp() -> None:
-    from rllib_ext.env_runners import AMPInference
+    from rllib_ext.env_runners import AMPSingleAgentEnvRunner
 
     algo = _config(amp="bf16", amp_inference=True).build_algo()
     try:
         runner = algo.env_runner
-        assert isinstance(runner, AMPInference)  # the fused single-agent runner opts in
-        assert runner._amp_inference_dtype == torch.bfloat16
+        assert isinstance(runner, AMPSingleAgentEnvRunner)  # the fused single-agent runner is one
+        assert runner.features.amp.dtype == torch.bfloat16
         seen = []
         linear = next(m for m in runner.module.modules() if isinstance(m, torch.nn.Linear))
         linear.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
@@ -326,7 +326,7 @@ def test_amp_inference_runs_env_runner_forward_in_bf16_and_keeps_fp32_logp() -> 
         assert seen and all(dt == torch.bfloat16 for dt in seen)
         logp = np.concatenate([e.get_extra_model_outputs("action_logp") for e in episodes])
         assert logp.dtype == np.float32
-        assert algo.train()["learners"][MID]["amp/dtype"] == "bfloat16"
+        assert algo.train()["learners"][MID]["rllib_ext/amp/dtype"] == "bfloat16"
     finally:
         algo.stop()
 

@@ -43,7 +43,7 @@ def test_amp_reaches_450_within_fp32_budget(mode: str, fp32_steps: int) -> None:
     report = steps_to_return(_config(mode), target=TARGET, max_env_steps=budget)
     assert report.reached, (report, fp32_steps)
     assert report.env_steps <= budget
-    assert report.learners["default_policy"]["amp/dtype"] == {"fp16": "float16"}.get(
+    assert report.learners["default_policy"]["rllib_ext/amp/dtype"] == {"fp16": "float16"}.get(
         mode, "bfloat16"
     )
 

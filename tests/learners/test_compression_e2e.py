@@ -46,14 +46,14 @@ def test_each_compressor_is_active_and_ranks_stay_identical(compressor, min_rati
             w0, w1 = _weights_per_rank(algo)
             for a, b in zip(w0, w1, strict=True):
                 assert torch.equal(a, b)
-        comm = {k: v for k, v in result["learners"][MID].items() if k.startswith("comm/")}
-        assert comm["comm/bytes_sent"] > 0
-        assert comm["comm/bytes_uncompressed"] >= comm["comm/bytes_sent"]
-        assert comm["comm/compression_ratio"] >= min_ratio
-        assert comm["comm/time_ms"] > 0
+        comm = {k: v for k, v in result["learners"][MID].items() if k.startswith("rllib_ext/comm/")}
+        assert comm["rllib_ext/comm/bytes_sent"] > 0
+        assert comm["rllib_ext/comm/bytes_uncompressed"] >= comm["rllib_ext/comm/bytes_sent"]
+        assert comm["rllib_ext/comm/compression_ratio"] >= min_ratio
+        assert comm["rllib_ext/comm/time_ms"] > 0
         # PowerSGD and 1-bit ran their fused numba codec on these CPU float32 buckets.
         compiled = 1.0 if compressor in ("powersgd", "onebit") else 0.0
-        assert comm["comm/compiled_codec"] == compiled
+        assert comm["rllib_ext/comm/compiled_codec"] == compiled
     finally:
         algo.stop()
 
@@ -62,7 +62,7 @@ def test_uncompressed_run_has_no_comm_metrics() -> None:
     algo = _config().build_algo()
     try:
         result = algo.train()
-        assert not [k for k in result["learners"][MID] if k.startswith("comm/")]
+        assert not [k for k in result["learners"][MID] if k.startswith("rllib_ext/comm/")]
     finally:
         algo.stop()
 
@@ -79,10 +79,10 @@ def test_onebit_with_fp16_amp_trains_and_restores(tmp_path) -> None:
     try:
         result = restored.train()
         learner_results = result["learners"][MID]
-        assert learner_results["comm/bytes_sent"] > 0
+        assert learner_results["rllib_ext/comm/bytes_sent"] > 0
         # The step count and frozen RMS came back: every step compressed, no second warm-up.
-        assert learner_results["comm/compression_ratio"] >= 8.0
-        assert learner_results["amp/dtype"] == "float16"
+        assert learner_results["rllib_ext/comm/compression_ratio"] >= 8.0
+        assert learner_results["rllib_ext/amp/dtype"] == "float16"
         w0, w1 = _weights_per_rank(restored)
         for a, b in zip(w0, w1, strict=True):
             assert torch.equal(a, b)

@@ -47,9 +47,9 @@ def test_smax_3m_two_iterations_and_the_statistics_survive_a_checkpoint(tmp_path
             result = algo.train()
         learner_results = result["learners"][MID]
         # One update per training batch, from real value targets (SMAX returns are > 0).
-        assert learner_results["value_norm/mean"] > 0.0
-        assert learner_results["value_norm/std"] > 0.0
-        assert 0.0 <= learner_results["death_mask/dead_fraction"] < 1.0
+        assert learner_results["rllib_ext/value_norm/mean"] > 0.0
+        assert learner_results["rllib_ext/value_norm/std"] > 0.0
+        assert 0.0 <= learner_results["rllib_ext/death_mask/dead_fraction"] < 1.0
         state = _norm_state(algo)
         beta = algo.learner_group._learner.module[MID].unwrapped().value_norm.beta
         torch.testing.assert_close(
@@ -84,12 +84,17 @@ def test_two_learners_with_compression_share_one_update_of_the_statistics():
     algo = config.build_algo()
     try:
         result = algo.train()
-        assert result["env_runners"]["smax_batched_envs"] == 4  # SMAXVectorEnvRunner sampled
+        assert (
+            result["env_runners"]["rllib_ext/smax_batched_envs"] == 4
+        )  # SMAXVectorEnvRunner sampled
         learner_results = result["learners"][MID]
-        assert learner_results["value_norm/std"] > 0.0
-        assert learner_results["comm/bytes_sent"] > 0 and learner_results["comm/time_ms"] > 0
+        assert learner_results["rllib_ext/value_norm/std"] > 0.0
+        assert (
+            learner_results["rllib_ext/comm/bytes_sent"] > 0
+            and learner_results["rllib_ext/comm/time_ms"] > 0
+        )
         # 1 bit per gradient entry plus scales, against 32 bits uncompressed.
-        assert learner_results["comm/compression_ratio"] > 10
+        assert learner_results["rllib_ext/comm/compression_ratio"] > 10
         states = algo.learner_group.foreach_learner(
             lambda learner: {
                 key: value.clone()

@@ -29,7 +29,11 @@ def _pipeline_classes(algo: Algorithm) -> list[type]:
 
 
 def _gae_metrics(result: dict) -> dict:
-    return {k: v for k, v in result["learners"]["default_policy"].items() if k.startswith("gae/")}
+    return {
+        k: v
+        for k, v in result["learners"]["default_policy"].items()
+        if k.startswith("rllib_ext/gae/")
+    }
 
 
 def test_compiled_gae_is_active_and_visible_in_results() -> None:
@@ -40,12 +44,12 @@ def test_compiled_gae_is_active_and_visible_in_results() -> None:
         assert GeneralAdvantageEstimation not in classes
         result = algo.train()
         metrics = _gae_metrics(result)
-        assert metrics["gae/compiled"] == 1.0
-        assert metrics["gae/compiled"] == 1.0  # the numba kernel ran inside the learner
-        assert metrics["gae/time_ms"] > 0.0
+        assert metrics["rllib_ext/gae/compiled"] == 1.0
+        assert metrics["rllib_ext/gae/compiled"] == 1.0  # the numba kernel ran inside the learner
+        assert metrics["rllib_ext/gae/time_ms"] > 0.0
         assert result["learners"]["default_policy"]["vf_loss"] > 0.0
         # The fused episodes-to-batch piece ran (not RLlib's fallback pieces).
-        assert result["learners"]["default_policy"]["batching/vectorized"] == 1.0
+        assert result["learners"]["default_policy"]["rllib_ext/batching/vectorized"] == 1.0
     finally:
         algo.stop()
 
@@ -67,7 +71,7 @@ def test_stock_config_route_activates_the_same_learner() -> None:
     algo = cfg.build_algo()
     try:
         assert isinstance(algo.learner_group._learner, PPOExtTorchLearner)
-        assert _gae_metrics(algo.train())["gae/compiled"] == 1.0
+        assert _gae_metrics(algo.train())["rllib_ext/gae/compiled"] == 1.0
     finally:
         algo.stop()
 
@@ -98,7 +102,7 @@ def test_checkpoint_restores_config_subclass_and_flags(tmp_path) -> None:
         assert gae.standardize_advantages == "masked"
         result = restored.train()
         assert result["training_iteration"] == 2
-        assert _gae_metrics(result)["gae/compiled"] == 1.0
+        assert _gae_metrics(result)["rllib_ext/gae/compiled"] == 1.0
     finally:
         restored.stop()
 
@@ -116,7 +120,7 @@ def test_tune_with_rllib_ext_trainable_keeps_extension(tmp_path) -> None:
     )
     result = tuner.fit().get_best_result(metric="training_iteration", mode="max")
     assert result.error is None
-    assert result.metrics["learners"]["default_policy"]["gae/compiled"] == 1.0
+    assert result.metrics["learners"]["default_policy"]["rllib_ext/gae/compiled"] == 1.0
 
 
 def test_multi_agent_two_modules_both_get_compiled_gae() -> None:
@@ -136,6 +140,6 @@ def test_multi_agent_two_modules_both_get_compiled_gae() -> None:
     try:
         result = algo.train()
         for mid in ("p0", "p1"):
-            assert result["learners"][mid]["gae/compiled"] == 1.0
+            assert result["learners"][mid]["rllib_ext/gae/compiled"] == 1.0
     finally:
         algo.stop()

@@ -230,12 +230,17 @@ def test_recurrent_module_trains_on_smax_3m_with_one_env_runner():
         algo.stop()
     runners = result["env_runners"]
     assert runners["num_env_steps_sampled_lifetime"] >= 256
-    assert runners["smax_batched_envs"] == 2
-    assert runners["smax_fused_sampling"] == 1.0  # the GRU state carried on the fused path
+    assert runners["rllib_ext/smax_batched_envs"] == 2
+    assert (
+        runners["rllib_ext/smax_fused_sampling"] == 1.0
+    )  # the GRU state carried on the fused path
     learner = result["learners"]["shared_policy"]
     assert np.isfinite(learner["policy_loss"]) and np.isfinite(learner["vf_loss"])
     # The recipe options act on the recurrent module too.
-    assert learner["value_norm/std"] > 0 and 0.0 <= learner["death_mask/dead_fraction"] < 1.0
+    assert (
+        learner["rllib_ext/value_norm/std"] > 0
+        and 0.0 <= learner["rllib_ext/death_mask/dead_fraction"] < 1.0
+    )
     assert not torch.equal(before["rnn.weight_hh_l0"], after["rnn.weight_hh_l0"])
 
 

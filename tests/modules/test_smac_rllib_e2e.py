@@ -12,6 +12,7 @@ from ray.rllib.core.columns import Columns
 import rllib_ext
 from rllib_ext.envs import register_envs
 from rllib_ext.envs.smac import SMAC_METRIC_KEYS, SMACEnv, SMACMetricsCallback
+from rllib_ext.envs.smac.callbacks import SC2_RESTARTS, WIN_RATE
 from rllib_ext.modules import MaskedPPOTorchRLModule, smac_module_spec
 from rllib_ext.testing import BackendSpy
 from tests.envs.fake_sc2 import FakeFaults, FakeStarCraft2Env
@@ -67,8 +68,8 @@ def test_smax_3m_shared_masked_policy_reports_win_rate_and_obeys_masks():
     try:
         result = algo.train()
         env_runners = result["env_runners"]
-        assert "win_rate" in env_runners and 0.0 <= env_runners["win_rate"] <= 1.0
-        assert {"dead_allies", "dead_enemies", "timeout_rate"} <= set(env_runners)
+        assert WIN_RATE in env_runners and 0.0 <= env_runners[WIN_RATE] <= 1.0
+        assert set(SMAC_METRIC_KEYS) - {SC2_RESTARTS, WIN_RATE} <= set(env_runners)
         assert "shared_policy" in result["learners"]
         module = algo.get_module("shared_policy")
         assert isinstance(module, MaskedPPOTorchRLModule)
@@ -93,7 +94,7 @@ def test_sc2_path_with_central_critic_counts_restarts():
         result = algo.train()
         env_runners = result["env_runners"]
         assert set(SMAC_METRIC_KEYS) <= set(env_runners)
-        assert env_runners["sc2_restarts"] >= 1
+        assert env_runners[SC2_RESTARTS] >= 1
         module = algo.get_module("shared_policy")
         assert module.central_critic
     finally:

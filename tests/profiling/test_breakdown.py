@@ -14,8 +14,8 @@ from rllib_ext.env_runners import AMPSingleAgentEnvRunner
 from rllib_ext.fused_sampling import FusedSingleAgentEnvRunner
 from rllib_ext.profiling import PHASES, ProfilerCallback, breakdown_of_result, enable_profiling
 from rllib_ext.profiling.breakdown import merge_breakdowns
-from rllib_ext.profiling.env_runner import EnvRunnerTimers, PhaseClock, PipelineMark
-from rllib_ext.profiling.learner import LearnerTimers, interval_union
+from rllib_ext.profiling.env_runner import PROFILE_KEY, PhaseClock, PipelineMark, profiled
+from rllib_ext.profiling.learner import interval_union
 from rllib_ext.sampling_protocol import fused_equivalent, sample_phase
 
 
@@ -32,10 +32,10 @@ def _result(
         "time_this_iter_s": wall,
         "env_runners": {
             "num_env_steps_sampled": 1000,
-            "profile": {f"{k}_s": v for k, v in env.items()},
+            PROFILE_KEY: {f"{k}_s": v for k, v in env.items()},
         },
         "learners": {
-            "__all_modules__": {"profile": {f"{k}_s": v for k, v in learner.items()}},
+            "__all_modules__": {PROFILE_KEY: {f"{k}_s": v for k, v in learner.items()}},
             **(modules or {}),
         },
         "timers": {"learner_update_timer": 0.5},
@@ -58,8 +58,12 @@ def test_breakdown_divides_by_runners_and_learners_and_sums_to_wall() -> None:
             "optimizer": 0.1,
         },
         modules={
-            "p0": {"gae/time_ms": 20.0, "comm/time_ms": 60.0, "comm/bytes_sent": 10.0},
-            "p1": {"gae/time_ms": 20.0, "comm/time_ms": 20.0},
+            "p0": {
+                "rllib_ext/gae/time_ms": 20.0,
+                "rllib_ext/comm/time_ms": 60.0,
+                "rllib_ext/comm/bytes_sent": 10.0,
+            },
+            "p1": {"rllib_ext/gae/time_ms": 20.0, "rllib_ext/comm/time_ms": 20.0},
         },
     )
     part = breakdown_of_result(result, num_env_runners=2, num_learners=2)
@@ -80,9 +84,9 @@ def test_breakdown_divides_by_runners_and_learners_and_sums_to_wall() -> None:
     assert part.group_seconds("learner") == pytest.approx(0.4)
     assert part.seconds["other"] == pytest.approx(0.1) == part.unaccounted_s
     assert part.details["comm"]["p0"] == {
-        "comm/time_ms": 60.0,
-        "comm/codec_time_ms": 0.0,
-        "comm/bytes_sent": 10.0,
+        "rllib_ext/comm/time_ms": 60.0,
+        "rllib_ext/comm/codec_time_ms": 0.0,
+        "rllib_ext/comm/bytes_sent": 10.0,
     }
 
 
@@ -108,12 +112,12 @@ def test_breakdown_takes_grad_comm_from_the_learner_not_from_the_summed_hook_met
         1.0,
         env={"sample": 0.5},
         learner={"update": 0.4, "backward": 0.2},
-        modules={"p0": {"comm/time_ms": 150.0}},  # overlapping buckets, summed
+        modules={"p0": {"rllib_ext/comm/time_ms": 150.0}},  # overlapping buckets, summed
     )
     part = breakdown_of_result(result, num_env_runners=1, num_learners=1)
     assert part.seconds["learner/grad_comm"] == 0.0  # DDP's own all-reduce: inside backward
     assert part.seconds["learner/backward"] == pytest.approx(0.2)
-    assert part.details["comm"]["p0"]["comm/time_ms"] == 150.0
+    assert part.details["comm"]["p0"]["rllib_ext/comm/time_ms"] == 150.0
 
 
 @pytest.mark.parametrize(
@@ -183,7 +187,8 @@ def test_phase_clock_logs_summed_seconds_and_starts_over() -> None:
     clock.open("left_open")
     clock.log(metrics, "__all_modules__")
     keys = [key for key, _, _ in metrics.logged]
-    assert keys == [("__all_modules__", "profile", f"{p}_s") for p in ("backward", "update")]
+    assert keys == [("__all_modules__", PROFILE_KEY, f"{p}_s") for p in ("backward", "update")]
+    assert PROFILE_KEY == "rllib_ext/profile"
     assert all(v >= 0 and reduce == "sum" for _, v, reduce in metrics.logged)
     assert not clock.seconds and not clock.opened
     # An EnvRunner's own sampling loop reports phases only when it is profiled.
@@ -199,8 +204,8 @@ def test_enable_profiling_selects_timing_subclasses_of_the_configured_classes(tm
     config = rllib_ext.PPOConfig().environment("CartPole-v1")
     assert enable_profiling(config, out_dir=tmp_path / "p", iterations=[4, 2, 3]) is config
     runner, learner = config.env_runner_cls, config.learner_class
-    assert issubclass(runner, EnvRunnerTimers) and issubclass(runner, SingleAgentEnvRunner)
-    assert issubclass(learner, LearnerTimers) and issubclass(learner, rllib_ext.PPOExtTorchLearner)
+    assert profiled(runner) and issubclass(runner, SingleAgentEnvRunner)
+    assert profiled(learner) and learner.__mro__[1] is rllib_ext.PPOExtTorchLearner
     callback = config.callbacks_class
     assert issubclass(callback, ProfilerCallback)
     assert callback.iterations == (2, 3, 4) and callback.trace
@@ -208,7 +213,7 @@ def test_enable_profiling_selects_timing_subclasses_of_the_configured_classes(tm
     # Applying it twice does not stack subclasses.
     enable_profiling(config, out_dir=None)
     # (rllib_ext.PPOConfig's single-agent runner is the fused one.)
-    assert config.env_runner_cls.__mro__[1:3] == (EnvRunnerTimers, FusedSingleAgentEnvRunner)
+    assert config.env_runner_cls.__mro__[1] is FusedSingleAgentEnvRunner  # one layer, no mixin
     # ... nor callbacks: the second call's options replace the first's.
     callback = config.callbacks_class
     assert isinstance(callback, type) and issubclass(callback, ProfilerCallback)
@@ -217,9 +222,7 @@ def test_enable_profiling_selects_timing_subclasses_of_the_configured_classes(tm
     amp = rllib_ext.PPOConfig().environment("CartPole-v1").training(amp="bf16", amp_inference=True)
     amp.training(fused_sampling=False)
     amp_runner = enable_profiling(amp, out_dir=None).env_runner_cls
-    assert issubclass(amp_runner, AMPSingleAgentEnvRunner) and issubclass(
-        amp_runner, EnvRunnerTimers
-    )
+    assert profiled(amp_runner) and amp_runner.__mro__[1] is AMPSingleAgentEnvRunner
     stock = enable_profiling(RLlibPPOConfig().environment("CartPole-v1"), out_dir=None)
     assert issubclass(stock.learner_class, PPOTorchLearner)
     assert stock.learner_class.profiled_class is PPOTorchLearner

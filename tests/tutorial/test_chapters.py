@@ -9,7 +9,7 @@ iteration cap through ``RLLIB_EXT_MAX_ITERATIONS``; the snippets are not edited.
 * chapters 3 and 4 (same env and stop rule) are capped at :data:`SHORT_ITERATIONS` and
   :data:`CH4_ITERATIONS` to keep CI short: they check that the run starts, maps every old key
   and reports the old names;
-* chapter 5 (SMAX 3s5z_vs_3s6z) runs :data:`SHORT_ITERATIONS` iterations with ``win_rate`` in
+* chapter 5 (SMAX 3s5z_vs_3s6z) runs :data:`SHORT_ITERATIONS` iterations with ``rllib_ext/win_rate`` in
   the results, then the tutorial's follow-up: best checkpoint, restore, evaluate.
 """
 
@@ -123,7 +123,7 @@ def test_chapter5_smax_with_win_rate_and_follow_up(tmp_path: Path, ray_address: 
     assert len(results) == SHORT_ITERATIONS
     _assert_old_names_alias_new(results)
     for r in results:
-        assert 0.0 <= r["env_runners"]["win_rate"] <= 1.0
+        assert 0.0 <= r["env_runners"]["rllib_ext/win_rate"] <= 1.0
         assert r["learners"]["shared_policy"]["num_module_steps_trained"] > 0
     assert results[-1]["config"]["num_epochs"] == 5
     assert "resources_per_trial=" in output  # accepted and explained

@@ -1,7 +1,7 @@
 """SMAC multi-agent battles for RLlib: SMACv2 / SMAC on StarCraft II, or SMAX without it.
 
 ``SMACEnv`` is the RLlib ``MultiAgentEnv`` (contract in :mod:`rllib_ext.envs.smac.env`);
-``parallel_env`` the PettingZoo view; ``SMACMetricsCallback`` puts ``win_rate`` into the
+``parallel_env`` the PettingZoo view; ``SMACMetricsCallback`` puts ``rllib_ext/win_rate`` into the
 results. Importing this package imports no backend: JAX / JaxMARL and smac / smacv2 load when
 an env is built.
 """

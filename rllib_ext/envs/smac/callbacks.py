@@ -1,7 +1,7 @@
 """``SMACMetricsCallback``: win rate and battle statistics in the training results.
 
 Logged on the env runners at every finished episode, so they appear in the results as
-``env_runners/<key>``:
+``env_runners/rllib_ext/<key>`` (:data:`SMAC_METRIC_KEYS`, :data:`WIN_RATE`):
 
 * ``win_rate``: mean of ``battle_won`` over the last ``metrics_num_episodes_for_smoothing``
   episodes (RLlib's window for ``episode_return_mean``);
@@ -20,15 +20,22 @@ from typing import Any
 from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.utils.annotations import override
 
-__all__ = ["SMAC_METRIC_KEYS", "SMACMetricsCallback", "battle_info"]
+__all__ = ["SMAC_METRIC_KEYS", "WIN_RATE", "SMACMetricsCallback", "battle_info"]
 
+WIN_RATE = "rllib_ext/win_rate"
+"""``env_runners/<this>``: the win rate (what ``rllib-ext train --stop-win-rate`` reads)."""
+DEAD_ALLIES = "rllib_ext/dead_allies"
+DEAD_ENEMIES = "rllib_ext/dead_enemies"
+TIMEOUT_RATE = "rllib_ext/timeout_rate"
+SC2_RESTARTS = "rllib_ext/sc2_restarts"
 SMAC_METRIC_KEYS: tuple[str, ...] = (
-    "win_rate",
-    "dead_allies",
-    "dead_enemies",
-    "timeout_rate",
-    "sc2_restarts",
+    WIN_RATE,
+    DEAD_ALLIES,
+    DEAD_ENEMIES,
+    TIMEOUT_RATE,
+    SC2_RESTARTS,
 )
+"""The ``env_runners/<key>`` this callback logs."""
 
 _DEFAULT_WINDOW = 100
 
@@ -72,13 +79,13 @@ class SMACMetricsCallback(RLlibCallback):
             _DEFAULT_WINDOW,
         )
         metrics_logger.log_value(
-            "sc2_restarts", int(info.get("sc2_restarts", 0)), reduce="lifetime_sum"
+            SC2_RESTARTS, int(info.get("sc2_restarts", 0)), reduce="lifetime_sum"
         )
         if info.get("sc2_crashed", False):
             return
-        metrics_logger.log_value("win_rate", float(info["battle_won"]), window=window)
-        metrics_logger.log_value("dead_allies", float(info["dead_allies"]), window=window)
-        metrics_logger.log_value("dead_enemies", float(info["dead_enemies"]), window=window)
+        metrics_logger.log_value(WIN_RATE, float(info["battle_won"]), window=window)
+        metrics_logger.log_value(DEAD_ALLIES, float(info["dead_allies"]), window=window)
+        metrics_logger.log_value(DEAD_ENEMIES, float(info["dead_enemies"]), window=window)
         metrics_logger.log_value(
-            "timeout_rate", float(info.get("episode_limit", False)), window=window
+            TIMEOUT_RATE, float(info.get("episode_limit", False)), window=window
         )

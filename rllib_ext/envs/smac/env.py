@@ -21,7 +21,7 @@ dicts carry ``"__all__"``.
 ``info`` of every agent after every step: ``battle_won``, ``dead_allies``, ``dead_enemies``,
 ``episode_limit`` (the step hit the time limit), ``sc2_crashed`` (StarCraft II crashed in this
 step) and ``sc2_restarts`` (game restarts since the previous episode ended).
-:class:`rllib_ext.envs.smac.SMACMetricsCallback` turns them into ``env_runners/win_rate`` etc.
+:class:`rllib_ext.envs.smac.SMACMetricsCallback` turns them into ``env_runners/rllib_ext/win_rate`` etc.
 """
 
 from __future__ import annotations

@@ -6,11 +6,12 @@ is SMAC on the SMAX backend and ``num_envs_per_env_runner > 1``: the runner's
 ``SyncVectorMultiAgentEnv`` loop over ``SMACEnv`` copies. Everything else (episodes,
 connectors, callbacks, metrics) is RLlib's. StarCraft II backends keep RLlib's runner.
 
-Visible in the results as ``env_runners/smax_batched_envs`` (battles per compiled call) and
-``env_runners/smax_fused_groups`` (groups of battles the fused loop alternates between).
-``amp_inference=True`` keeps this runner: it opts into :class:`~rllib_ext.env_runners.AMPInference`
-(the forward runs under the learner's autocast dtype, its outputs cast back to float32 before
-actions and ``action_logp`` are computed).
+Visible in the results as ``env_runners/rllib_ext/smax_batched_envs`` (battles per compiled call)
+and ``env_runners/rllib_ext/smax_fused_groups`` (groups of battles the fused loop alternates between).
+``amp_inference=True`` keeps this runner: it derives from
+:class:`~rllib_ext.env_runners.AMPMultiAgentEnvRunner` and holds its features (``features``: the
+forward runs under the learner's autocast dtype, its outputs cast back to float32 before actions
+and ``action_logp`` are computed).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.utils.annotations import override
 
 from rllib_ext import _rllib_private as private
-from rllib_ext.env_runners import AMPInference
+from rllib_ext.env_runners import AMPMultiAgentEnvRunner
 from rllib_ext.envs.smac.factory import smax_env_config
 from rllib_ext.envs.smac.sampling import SMAXFusedSampler, gc_paused, smax_rule
 from rllib_ext.envs.smac.vector import SMAXVectorEnv
@@ -38,24 +39,24 @@ __all__ = [
     "smax_env_config",
 ]
 
-SMAX_BATCHED_METRIC = "smax_batched_envs"
+SMAX_BATCHED_METRIC = "rllib_ext/smax_batched_envs"
 """``env_runners/<this>``: battles stepped per compiled call (0: not the batched path)."""
-SMAX_FUSED_METRIC = "smax_fused_sampling"
+SMAX_FUSED_METRIC = "rllib_ext/smax_fused_sampling"
 """``env_runners/<this>``: 1 when the last ``sample()`` ran the array-speed path."""
-SMAX_GROUPS_METRIC = "smax_fused_groups"
+SMAX_GROUPS_METRIC = "rllib_ext/smax_fused_groups"
 """``env_runners/<this>``: groups of battles the fused loop alternates between."""
 
 
-class SMAXVectorEnvRunner(AMPInference, MultiAgentEnvRunner):
-    """``MultiAgentEnvRunner`` whose vector env is one :class:`SMAXVectorEnv` (with
-    ``amp_inference`` support: :class:`rllib_ext.env_runners.AMPInference`).
+class SMAXVectorEnvRunner(AMPMultiAgentEnvRunner):
+    """``MultiAgentEnvRunner`` whose vector env is one :class:`SMAXVectorEnv` (holding
+    :class:`rllib_ext.env_runners.AMPMultiAgentEnvRunner`'s features).
 
     With ``fused_sampling`` (default on; the setting, or a runner attribute) time-step
     sampling runs as arrays (:class:`~rllib_ext.envs.smac.sampling.SMAXFusedSampler`) wherever
     :func:`~rllib_ext.envs.smac.sampling.smax_rule` finds no reason against it; otherwise,
     and for episode-count sampling (evaluation), RLlib's own loop runs over the same vector env,
     with one warning per runner and reason (``FusedSamplingFallback``).
-    ``env_runners/smax_fused_sampling`` is 1 when the last ``sample()`` took the fused path.
+    ``env_runners/rllib_ext/smax_fused_sampling`` is 1 when the last ``sample()`` took the fused path.
     Holds its fused loop (``fused``) and the per-call choice between it and RLlib's
     (``dispatch``).
     """
