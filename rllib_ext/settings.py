@@ -127,9 +127,11 @@ class UpdateSettings:
 
     cpu_threads: int = field(default=0, metadata=_bounds(integer=True, ge=0))
     """torch's intra-op threads in a process where the learner runs on the CPU, set with
-    ``torch.set_num_threads`` when the learner is built (``rllib_ext._threads``). ``0`` (auto):
-    one thread unless ``OMP_NUM_THREADS`` is set (by you, or by Ray in its workers: then that
-    count); ``N``: ``N`` threads. Measured in ``benchmarks/README.md``, "Thread policy"."""
+    ``torch.set_num_threads`` (``rllib_ext._threads``). ``0`` (auto): where ``OMP_NUM_THREADS``
+    is unset, one thread when built and, before each update, 1 or 2 by the cores other processes
+    left idle since the last one (``/proc/stat``; results: ``rllib_ext/cpu_threads``); where it
+    is set (by you, or by Ray in its workers), that count. ``N``: ``N`` threads. Measured in
+    ``benchmarks/README.md``, "Thread policy"."""
 
     def __post_init__(self) -> None:
         _check_fields(self)

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 import torch
 from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
-from ray.rllib.core import COMPONENT_METRICS_LOGGER, COMPONENT_OPTIMIZER
+from ray.rllib.core import ALL_MODULES, COMPONENT_METRICS_LOGGER, COMPONENT_OPTIMIZER
 from ray.rllib.core.learner.learner import Learner
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.evaluation.postprocessing import Postprocessing
@@ -32,7 +32,7 @@ from ray.rllib.utils.annotations import override
 from ray.rllib.utils.typing import ModuleID, ParamDict, StateDict, TensorType
 
 from rllib_ext import _rllib_private as private
-from rllib_ext._threads import apply_cpu_threads
+from rllib_ext._threads import CPU_THREADS_KEY, LearnerThreads
 from rllib_ext.amp_choice import resolve_amp_dtype
 from rllib_ext.config_checks import check_algorithm_config
 from rllib_ext.learners import lean
@@ -91,7 +91,7 @@ class PPOExtTorchLearner(PPOTorchLearner):
         self.comm = CommCompression(self.ext_settings.comm)
         super().build()
         # Before any step: torch's intra-op threads where this learner runs on the CPU.
-        apply_cpu_threads(self.ext_settings.update.cpu_threads, self.device.type)
+        self.threads = LearnerThreads(self.ext_settings.update.cpu_threads, self.device.type)
         self.amp = AMPState(
             settings=amp_settings,
             device=self.device,
@@ -153,11 +153,15 @@ class PPOExtTorchLearner(PPOTorchLearner):
 
     @override(Learner)
     def update(self, *args: Any, **kwargs: Any) -> Any:
-        """RLlib's update; with ``lean_update``, the metrics its minibatches log reach the
-        ``MetricsLogger`` once per update (``rllib_ext.learners.deferred_metrics``)."""
-        if not self.ext_settings.update.lean_update:
-            return super().update(*args, **kwargs)
-        with deferred_metrics(self):
+        """RLlib's update, with torch's CPU threads for it set first (``cpu_threads``, results:
+        ``learners/__all_modules__/rllib_ext/cpu_threads``); with ``lean_update``, the metrics
+        its minibatches log reach the ``MetricsLogger`` once per update
+        (``rllib_ext.learners.deferred_metrics``)."""
+        threads = self.threads.before_update()
+        lean_update = self.ext_settings.update.lean_update
+        with deferred_metrics(self) if lean_update else contextlib.nullcontext():
+            if self.device.type == "cpu":
+                self.metrics.log_value((ALL_MODULES, CPU_THREADS_KEY), threads, window=1)
             return super().update(*args, **kwargs)
 
     @override(Learner)
