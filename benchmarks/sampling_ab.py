@@ -85,12 +85,14 @@ def _commit(tree: Path) -> str:
     return out.stdout.strip()
 
 
-def measure(tree: Path, workload: str, seconds: float) -> dict[str, Any]:
+def measure(tree: Path, workload: str, seconds: float, own_harness: bool = False) -> dict[str, Any]:
     """One fresh process importing ``rllib_ext`` from checkout ``tree`` (this script and its
-    helpers from this checkout, so both sides run the same harness)."""
+    helpers from this checkout, so both sides run the same harness; ``own_harness``: from
+    ``tree``'s ``benchmarks/``, for a checkout whose package the current helpers no longer fit)."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
+    script = tree / "benchmarks" / Path(__file__).name if own_harness else Path(__file__)
     out = subprocess.run(
-        [sys.executable, __file__, "--worker", workload, "--seconds", str(seconds)],
+        [sys.executable, str(script), "--worker", workload, "--seconds", str(seconds)],
         capture_output=True,
         text=True,
         check=False,
@@ -109,6 +111,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--json", type=Path, help="append rows to this JSON-lines file")
+    parser.add_argument(
+        "--own-harness",
+        action="store_true",
+        help="run each checkout's own benchmarks/sampling_ab.py (its package's names)",
+    )
     parser.add_argument("--worker", choices=WORKLOADS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -117,7 +124,8 @@ def main() -> None:
     if len(args.trees) != 2:
         parser.error(f"give two checkouts (before, after), got {len(args.trees)}")
     commits = {str(t): _commit(t) for t in args.trees}
-    rows: list[dict[str, Any]] = [{"header": run_header(trees=commits)}]
+    header = run_header(trees=commits, own_harness=args.own_harness)
+    rows: list[dict[str, Any]] = [{"header": header}]
     print(json.dumps(rows[0]), flush=True)
     for round_ in range(args.rounds):
         for workload in args.workloads:
@@ -126,7 +134,7 @@ def main() -> None:
                     "round": round_,
                     "workload": workload,
                     "commit": commits[str(tree)],
-                    **measure(tree, workload, args.seconds),
+                    **measure(tree, workload, args.seconds, args.own_harness),
                 }
                 rows.append(row)
                 print(json.dumps(row), flush=True)
