@@ -102,7 +102,7 @@ class DeferredMetrics:
             self._calls[key] = (frozen, [value])
             return
         if recorded[0] != frozen:  # one key, different options: keep every call as it came
-            self._calls[key] = (None, [*self._as_calls(key, recorded), (value, options)])
+            self._calls[key] = (None, [*self._as_calls(recorded), (value, options)])
             return
         recorded[1].append(value)
 
@@ -148,7 +148,7 @@ class DeferredMetrics:
         return getattr(self.logger, name)
 
     @staticmethod
-    def _as_calls(key: Any, recorded: tuple[_Options | None, list[Any]]) -> list[Any]:
+    def _as_calls(recorded: tuple[_Options | None, list[Any]]) -> list[Any]:
         frozen, values = recorded
         if frozen is None:
             return values
