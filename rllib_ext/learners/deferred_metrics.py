@@ -34,8 +34,6 @@ from rllib_ext import _rllib_private as private
 
 __all__ = ["DeferredMetrics", "deferred_metrics"]
 
-_Options = tuple[tuple[str, Any], ...]
-
 
 def _key(key: Any) -> tuple[Any, ...]:
     # RLlib's force_tuple.
@@ -87,7 +85,8 @@ class DeferredMetrics:
 
     def __init__(self, logger: Any) -> None:
         self.logger = logger
-        self._calls: dict[tuple[Any, ...], tuple[_Options | None, list[Any]]] = {}
+        self._calls: dict[tuple[Any, ...], list[tuple[Any, dict[str, Any]]]] = {}
+        """Per key, in first-logged order: each call's value and options."""
 
     def log_value(self, key: Any, value: Any, **options: Any) -> None:
         """``MetricsLogger.log_value``, recorded."""
@@ -95,16 +94,7 @@ class DeferredMetrics:
             self.flush()
             self.logger.log_value(key, value, **options)
             return
-        key = _key(key)
-        frozen = tuple(sorted(options.items()))
-        recorded = self._calls.get(key)
-        if recorded is None:
-            self._calls[key] = (frozen, [value])
-            return
-        if recorded[0] != frozen:  # one key, different options: keep every call as it came
-            self._calls[key] = (None, [*self._as_calls(recorded), (value, options)])
-            return
-        recorded[1].append(value)
+        self._calls.setdefault(_key(key), []).append((value, options))
 
     def log_dict(self, value_dict: Any, *, key: Any = None, **options: Any) -> None:
         """``MetricsLogger.log_dict``, recorded (its default ``reduce="mean"`` included)."""
@@ -121,15 +111,16 @@ class DeferredMetrics:
     def flush(self) -> None:
         """Hands every recorded value to the logger (see the module docstring)."""
         calls, self._calls = self._calls, {}
-        for key, (frozen, values) in calls.items():
-            if frozen is None:
-                for value, options in values:
-                    self.logger.log_value(key, value, **options)
-                continue
-            options = dict(frozen)
-            kept = private.logged_stats_kind(self.logger, key)
-            for value in _to_push(values, options, kept):
-                self.logger.log_value(key, value, **options)
+        for key, logged in calls.items():
+            options = logged[0][1]
+            if any(other != options for _, other in logged[1:]):
+                pushes = logged  # one key, different options: every call as it came
+            else:
+                kept = private.logged_stats_kind(self.logger, key)
+                values = [value for value, _ in logged]
+                pushes = [(value, options) for value in _to_push(values, options, kept)]
+            for value, value_options in pushes:
+                self.logger.log_value(key, value, **value_options)
 
     def __contains__(self, key: Any) -> bool:
         self.flush()
@@ -146,13 +137,6 @@ class DeferredMetrics:
         # Only reached for what this class does not define: the logger's other methods.
         self.flush()
         return getattr(self.logger, name)
-
-    @staticmethod
-    def _as_calls(recorded: tuple[_Options | None, list[Any]]) -> list[Any]:
-        frozen, values = recorded
-        if frozen is None:
-            return values
-        return [(value, dict(frozen)) for value in values]
 
     @classmethod
     def _only_dicts(cls, value: Any) -> bool:

@@ -94,8 +94,7 @@ class _Cursor:
         self.order = permutation if self.order is None else self.order[permutation]
 
     def gather(self, rows: np.ndarray) -> SampleBatch:
-        self._index_cache.clear()
-        data = {key: self._take(value, rows) for key, value in self.batch.items()}
+        data = self._columns(rows)
         updates = self.batch.num_grad_updates
         return SampleBatch(
             data,
@@ -105,6 +104,11 @@ class _Cursor:
             _max_seq_len=self.batch.max_seq_len,
             _num_grad_updates=0.0 if updates is None else float(updates),
         )
+
+    def _columns(self, rows: np.ndarray) -> dict[str, Any]:
+        """Every column of the batch at ``rows`` (one index tensor per device)."""
+        self._index_cache.clear()
+        return {key: self._take(value, rows) for key, value in self.batch.items()}
 
     def _take(self, value: Any, rows: np.ndarray) -> Any:
         if isinstance(value, Mapping):
@@ -120,9 +124,7 @@ class _Cursor:
     def leave_in_final_order(self) -> None:
         """Permutes the batch in place as RLlib's shuffles would have left it."""
         if self.order is not None:
-            rows = self.order
-            self._index_cache.clear()
-            self.batch.update({key: self._take(value, rows) for key, value in self.batch.items()})
+            self.batch.update(self._columns(self.order))
             self.batch.intercepted_values = {}
             self.order = None
 
