@@ -35,6 +35,9 @@ def _config(config_cls, env: str, **training):
                 "num_epochs": 3,
                 "grad_clip": 0.5,
                 "lr": 1e-3,
+                # One thread in each of our learners: `auto` follows the machine's load per
+                # update, so two learners could report different `cpu_threads`.
+                **({"cpu_threads": 1} if config_cls is PPOConfig else {}),
                 **training,
             }
         )
