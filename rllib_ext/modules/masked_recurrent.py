@@ -9,9 +9,16 @@ observation contract::
 
 Network (``model_config`` keys; RLlib's ``DefaultModelConfig`` defaults where they exist)::
 
-    observations -> MLP(fcnet_hiddens, fcnet_activation) -> GRU/LSTM(lstm_cell_size) -> logits
-                                                                          \\-> value  (no central critic)
-    state        -> MLP(fcnet_hiddens, fcnet_activation) -> value            (central_critic=True)
+    observations -> MLP(fcnet_hiddens, fcnet_activation) -> GRU/LSTM(lstm_cell_size)
+                 -> MLP(head_fcnet_hiddens, head_fcnet_activation) -> logits
+                                  \\-> MLP(head_fcnet_hiddens) -> value  (no central critic)
+    state        -> MLP(fcnet_hiddens, fcnet_activation)
+                 -> MLP(head_fcnet_hiddens, head_fcnet_activation) -> value  (central_critic=True)
+
+* ``head_fcnet_hiddens`` / ``head_fcnet_activation`` (RLlib's keys; default ``[]``: the
+  logits and value read the GRU / encoder directly): a hidden layer after the recurrent cell, as
+  in JaxMARL's MAPPO/IPPO actors (GRU 128 -> Dense 128 relu -> logits); the policy and value
+  heads each get their own stack.
 
 * ``recurrent_cell``: ``"gru"`` or ``"lstm"`` (selects this module in
   :func:`rllib_ext.modules.smac_module_spec` and the SMAC config defaults).
@@ -165,13 +172,17 @@ class MaskedRecurrentPPOTorchRLModule(
         self.encoder, size = _mlp(obs_dim, hiddens, activation)
         cell_cls = nn.GRU if self._cell_type == "gru" else nn.LSTM
         self.rnn = cell_cls(size, self._cell_size, batch_first=True)
-        self.pi = nn.Linear(self._cell_size, int(self.action_space.n))
+        head, head_activation = list(config["head_fcnet_hiddens"]), config["head_fcnet_activation"]
+        # Empty stacks without head_fcnet_hiddens: the parameter names stay "pi.*" / "vf.*".
+        self.pi_head, size = _mlp(self._cell_size, head, head_activation)
+        self.pi = nn.Linear(size, int(self.action_space.n))
         if self._central_critic:
             state_dim = int(np.prod(spaces["state"].shape))
             self.central_critic_encoder, size = _mlp(state_dim, hiddens, activation)
-            self.vf = nn.Linear(size, 1)
         else:
-            self.vf = nn.Linear(self._cell_size, 1)
+            size = self._cell_size
+        self.vf_head, size = _mlp(size, head, head_activation)
+        self.vf = nn.Linear(size, 1)
         self.setup_value_norm(config)
 
     @property
@@ -198,7 +209,7 @@ class MaskedRecurrentPPOTorchRLModule(
 
     @override(InferenceOnlyAPI)
     def get_non_inference_attributes(self) -> list[str]:
-        names = ["vf", VALUE_NORM_KEY]
+        names = ["vf_head", "vf", VALUE_NORM_KEY]
         return [*names, "central_critic_encoder"] if self._central_critic else names
 
     def _split(self, batch: dict[str, Any]) -> tuple[Any, torch.Tensor, Any]:
@@ -233,7 +244,8 @@ class MaskedRecurrentPPOTorchRLModule(
     def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
         observations, action_mask, _ = self._split(batch)
         features, state_out = self._features(observations, batch[Columns.STATE_IN])
-        output = {Columns.ACTION_DIST_INPUTS: self.pi(features), Columns.STATE_OUT: state_out}
+        logits = self.pi(self.pi_head(features))
+        output = {Columns.ACTION_DIST_INPUTS: logits, Columns.STATE_OUT: state_out}
         return mask_logits(output, action_mask)
 
     @override(TorchRLModule)
@@ -242,7 +254,7 @@ class MaskedRecurrentPPOTorchRLModule(
         observations, action_mask, state = self._split(batch)
         features, state_out = self._features(observations, batch[Columns.STATE_IN])
         output = {
-            Columns.ACTION_DIST_INPUTS: self.pi(features),
+            Columns.ACTION_DIST_INPUTS: self.pi(self.pi_head(features)),
             Columns.STATE_OUT: state_out,
             # PPO's loss calls compute_values(batch, embeddings=output[EMBEDDINGS]).
             Columns.EMBEDDINGS: self._value_embeddings(features, state),
@@ -260,4 +272,4 @@ class MaskedRecurrentPPOTorchRLModule(
             else:
                 features, _ = self._features(observations, batch[Columns.STATE_IN])
                 embeddings = features
-        return self.values_from_head(self.vf(embeddings).squeeze(-1))
+        return self.values_from_head(self.vf(self.vf_head(embeddings)).squeeze(-1))

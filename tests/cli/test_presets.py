@@ -285,3 +285,44 @@ def test_stop_win_rate_is_a_fraction() -> None:
     assert resolve_settings({"stop_win_rate": "0.9"}).stop_win_rate == 0.9
     with pytest.raises(CLIError, match=r"--stop-win-rate '1.5' must be a fraction"):
         resolve_settings({"stop_win_rate": "1.5"})
+
+
+def test_the_jaxmarl_mappo_preset_is_jaxmarls_recipe_in_rllib_terms() -> None:
+    """``smax-jaxmarl-mappo`` (issue 37's head-to-head recipe): a GRU 128 module with a
+    Dense 128 head, agent id in the critic's state, 128 battles x 128 steps per update, 4
+    epochs, lr 2e-3 -> 0, entropy 0, gradient norm 0.25, no value norm, no death masking, fp32;
+    the map comes from the user and the config passes RLlib's validation."""
+    from rllib_ext import PPOConfig
+    from rllib_ext.envs.smac.env_runner import SMAXVectorEnvRunner
+    from rllib_ext.modules import MaskedRecurrentPPOTorchRLModule, masked_module_class
+
+    settings = resolve_settings({"env_config": _map(MAPPED)}, preset="smax-jaxmarl-mappo")
+    assert settings.env == "smax" and settings.env_config["map_name"] == MAPPED
+    assert settings.env_config["state_mode"] == "agent_specific"
+    assert settings.env_config["smax_options"]["attack_mode"] == "closest"
+    model = settings.model_config
+    assert masked_module_class(model) is MaskedRecurrentPPOTorchRLModule
+    assert (model["recurrent_cell"], model["lstm_cell_size"]) == ("gru", 128)
+    assert model["fcnet_hiddens"] == model["head_fcnet_hiddens"] == [128]
+    assert model["central_critic"] and not model["value_norm"] and not model["death_masking"]
+    training = settings.training
+    assert settings.num_envs_per_env_runner * 128 == training["train_batch_size"] == 16384
+    assert training["lr"] == [[0, 0.002], [3000000, 0.0]]
+    assert (training["num_epochs"], training["entropy_coeff"], training["grad_clip"]) == (
+        4,
+        0,
+        0.25,
+    )
+    assert settings.extensions["amp"] is False  # fp32 where the map presets take bf16
+    config = (
+        PPOConfig()
+        .environment(settings.env, env_config=settings.env_config)
+        .env_runners(
+            num_env_runners=settings.num_env_runners,
+            num_envs_per_env_runner=settings.num_envs_per_env_runner,
+        )
+        .rl_module(model_config=model)
+        .training(**training)
+    )
+    config.validate()
+    assert config.env_runner_cls is SMAXVectorEnvRunner

@@ -145,6 +145,53 @@ def test_central_critic_values_read_the_state_only_and_runners_drop_the_critic()
     )
 
 
+@pytest.mark.parametrize("central_critic", [False, True])
+def test_head_fcnet_hiddens_adds_a_layer_to_each_head_and_runners_drop_the_value_head(
+    central_critic,
+):
+    """RLlib's ``head_fcnet_hiddens``: GRU -> Dense -> logits and (encoder or GRU) -> Dense ->
+    value (JaxMARL's MAPPO layout); without it the parameter names are those of older
+    checkpoints (``pi.*``, ``vf.*``)."""
+    plain = build(central_critic=central_critic)
+    assert {"pi.weight", "vf.weight"} <= set(plain.state_dict())
+    assert not [k for k in plain.state_dict() if "_head" in k]
+
+    module = build(
+        central_critic=central_critic, head_fcnet_hiddens=[9], head_fcnet_activation="tanh"
+    )
+    heads = {k: tuple(v.shape) for k, v in module.state_dict().items() if "_head" in k}
+    value_in = 16 if central_critic else CELL  # the critic's encoder or the GRU
+    assert heads == {
+        "pi_head.0.weight": (9, CELL),
+        "pi_head.0.bias": (9,),
+        "vf_head.0.weight": (9, value_in),
+        "vf_head.0.bias": (9,),
+    }
+    assert isinstance(module.pi_head[1], torch.nn.Tanh)
+    assert tuple(module.pi.weight.shape) == (N_ACTIONS, 9)
+    data = batch(module, b=8, t=3)
+    out = module.forward_train(data)
+    assert out[Columns.ACTION_DIST_INPUTS].shape == (8, 3, N_ACTIONS)
+    assert module.compute_values(data, embeddings=out[Columns.EMBEDDINGS]).shape == (8, 3)
+    with torch.no_grad():  # the value reads the head: changing it changes the values
+        before = module.compute_values(data)
+        module.vf_head[0].bias.add_(1.0)
+        assert not torch.allclose(module.compute_values(data), before)
+
+    runner = build(
+        central_critic=central_critic,
+        inference_only=True,
+        head_fcnet_hiddens=[9],
+        head_fcnet_activation="tanh",
+    )
+    assert not hasattr(runner, "vf_head") and hasattr(runner, "pi_head")
+    runner.set_state(module.get_state(inference_only=True))
+    torch.testing.assert_close(
+        runner.forward_inference(data)[Columns.ACTION_DIST_INPUTS],
+        module.forward_inference(data)[Columns.ACTION_DIST_INPUTS],
+    )
+
+
 def test_value_norm_denormalizes_values_and_stays_on_the_learner():
     module = build(value_norm=True, death_masking=True)
     assert module.death_masking and module.value_norm is not None
