@@ -116,18 +116,19 @@ def evaluate_run(args: argparse.Namespace) -> None:
     append_rows(args.out, rows)
 
 
-def _jaxmarl_rows(path: Path, updates: int) -> list[dict[str, Any]]:
+def _jaxmarl_rows(path: Path, updates: int, marks: tuple[int, ...]) -> list[dict[str, Any]]:
     lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    seed = lines[0].get("header", {}).get("seed") if lines else None
     per_update = [r for r in lines if "train_win_rate" in r and "env_steps" in r]
     final = next((r for r in lines if "final_env_steps" in r), {})
     out = []
-    for mark in MARKS:
+    for mark in marks:
         window = [r for r in per_update if r["env_steps"] <= mark][-updates:]
         if not window or window[-1]["env_steps"] < mark * 0.95:
             continue
         rate = sum(r["train_win_rate"] for r in window) / len(window)
-        row = {"mark": mark, "env_steps": window[-1]["env_steps"], "wall_s": window[-1]["wall_s"]}
-        row["sampled_win_rate"] = round(rate, 3)
+        row = {"mark": mark, "seed": seed, "env_steps": window[-1]["env_steps"]}
+        row |= {"wall_s": window[-1]["wall_s"], "sampled_win_rate": round(rate, 3)}
         if final and abs(final["final_env_steps"] - mark) < 0.05 * mark:
             row["final_sampled"] = final.get("sampled_eval_win_rate")
             row["final_greedy"] = final.get("greedy_eval_win_rate")
@@ -135,50 +136,71 @@ def _jaxmarl_rows(path: Path, updates: int) -> list[dict[str, Any]]:
     return out
 
 
+def _seeds(rows: list[dict], key: str) -> str:
+    """``**median** (seed 0 / seed 1 / ...)``; one seed: its value."""
+    listed = " / ".join(f"{r[key]:.3f}" for r in sorted(rows, key=lambda r: r["seed"]))
+    median = statistics.median(r[key] for r in rows)
+    return f"**{median:.3f}** ({listed})" if len(rows) > 1 else f"**{median:.3f}**"
+
+
+def _versus(mine: list[dict], ref: list[dict]) -> str:
+    """Our median sampled win rate against the range of JaxMARL's seeds: below, within, above."""
+    if not mine or len(ref) < 2:
+        return ""
+    median = statistics.median(r["sampled_win_rate"] for r in mine)
+    low = min(r["sampled_win_rate"] for r in ref)
+    high = max(r["sampled_win_rate"] for r in ref)
+    return "below" if median < low else "above" if median > high else "within"
+
+
 def table(args: argparse.Namespace) -> None:
-    """One markdown row per map and mark: ours (median of seeds, each seed listed), JaxMARL."""
-    ours: dict[str, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    """One markdown row per map, preset and mark: ours (median of seeds, each seed listed),
+    JaxMARL's MAPPO (the same over its seeds) and where our median lies against the range of
+    JaxMARL's seeds."""
+    marks = tuple(args.marks)
+    ours: dict[tuple[str, str], dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
     theirs: dict[str, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for path in args.files:
         first = json.loads(path.read_text().splitlines()[0]).get("header", {})
         if "jaxmarl_baseline" in first:
-            for row in _jaxmarl_rows(path, args.jaxmarl_updates):
+            for row in _jaxmarl_rows(path, args.jaxmarl_updates, marks):
                 theirs[first["map"]][row["mark"]].append(row)
             continue
         for line in path.read_text().splitlines()[1:]:
             row = json.loads(line)
-            if "mark" in row:  # evaluation rows (throughput files have none)
-                ours[row["map"]][row["mark"]].append(row)
-
-    def seeds(rows: list[dict], key: str) -> str:
-        listed = " / ".join(f"{r[key]:.3f}" for r in sorted(rows, key=lambda r: r["seed"]))
-        median = statistics.median(r[key] for r in rows)
-        return f"**{median:.3f}** ({listed})" if len(rows) > 1 else f"**{median:.3f}**"
+            if "mark" in row and row["mark"] in marks:  # evaluation rows
+                ours[(row["map"], first.get("preset") or "-")][row["mark"]].append(row)
 
     print(
-        "| map | env steps | ours sampled (seeds) | ours greedy | our wall time | "
-        "JaxMARL MAPPO sampled | its wall time |"
+        "| map | preset | env steps | ours sampled (seeds) | ours greedy | our wall time | "
+        "JaxMARL MAPPO sampled (seeds) | its wall time | ours vs JaxMARL's seeds |"
     )
-    print("|---|---|---|---|---|---|---|")
-    for map_name in sorted(set(ours) | set(theirs)):
-        for mark in MARKS:
-            mine, ref = ours[map_name][mark], theirs[map_name][mark]
+    print("|---|---|---|---|---|---|---|---|---|")
+    keys = sorted(set(ours) | {(m, "-") for m in theirs if not any(k[0] == m for k in ours)})
+    for map_name, preset in keys:
+        for mark in marks:
+            mine, ref = ours[(map_name, preset)][mark], theirs[map_name][mark]
             if not mine and not ref:
                 continue
             ordered = sorted(mine, key=lambda r: r["seed"])
             walls = " / ".join(f"{r['wall_s'] / 60:.1f}" for r in ordered)
             ref_text, ref_wall = "not run", ""
             if ref:
-                ref_wall = f"{ref[0]['wall_s'] / 60:.1f} min"
-                ref_text = f"{ref[0]['sampled_win_rate']:.3f}"
-                if "final_sampled" in ref[0]:
-                    ref_text += f" (final actor: {ref[0]['final_sampled']:.3f} sampled, "
-                    ref_text += f"{ref[0]['final_greedy']:.3f} greedy)"
+                ref = sorted(ref, key=lambda r: r["seed"])
+                ref_wall = " / ".join(f"{r['wall_s'] / 60:.1f}" for r in ref) + " min"
+                ref_text = _seeds(ref, "sampled_win_rate")
+                finals = [r for r in ref if "final_sampled" in r]
+                if finals:
+                    ref_text += " (final actor: " + ", ".join(
+                        f"{r['final_sampled']:.3f} / {r['final_greedy']:.3f}" for r in finals
+                    )
+                    ref_text += " sampled / greedy)"
             print(
-                f"| {map_name} | {mark / 1e6:.0f}M | "
-                f"{seeds(mine, 'sampled_win_rate') if mine else 'not run'} | "
-                f"{seeds(mine, 'greedy_win_rate') if mine else 'not run'} | "
-                f"{walls + ' min' if mine else ''} | {ref_text} | {ref_wall} |"
+                f"| {map_name} | {preset} | {mark / 1e6:g}M | "
+                f"{_seeds(mine, 'sampled_win_rate') if mine else 'not run'} | "
+                f"{_seeds(mine, 'greedy_win_rate') if mine else 'not run'} | "
+                f"{walls + ' min' if mine else ''} | {ref_text} | {ref_wall} | "
+                f"{_versus(mine, ref)} |"
             )
 
 
@@ -195,6 +217,9 @@ def main() -> None:
     tb = sub.add_parser("table", help="the README table from result files")
     tb.add_argument("files", type=Path, nargs="+")
     tb.add_argument("--jaxmarl-updates", type=int, default=2)
+    tb.add_argument(
+        "--marks", type=int, nargs="+", default=list(MARKS), help="env steps (default: 1M 2M 3M)"
+    )
     args = parser.parse_args()
     evaluate_run(args) if args.command == "evaluate" else table(args)
 

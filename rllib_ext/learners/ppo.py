@@ -44,6 +44,7 @@ from rllib_ext.learners.checkpoint_state import (
 )
 from rllib_ext.learners.comm import CommCompression
 from rllib_ext.learners.deferred_metrics import deferred_metrics
+from rllib_ext.learners.gradient_step import GradientStep
 from rllib_ext.learners.minibatches import indexed_or_rllib
 from rllib_ext.learners.pipeline import (
     install_compiled_gae,
@@ -97,7 +98,9 @@ class PPOExtTorchLearner(PPOTorchLearner):
             device=self.device,
             dtype=resolve_amp_dtype(amp_settings.amp, self.device),
         )
-        self._modules_in_step: tuple[ModuleID, ...] = ()
+        self.gradient_step = GradientStep(
+            self, amp=self.amp, comm=self.comm, lean_update=self.ext_settings.update.lean_update
+        )
         self._minibatch_fallbacks: set[str] = set()
         install_compiled_gae(self, self.ext_settings.gae)
         install_vectorized_batching_pieces(self, self.ext_settings.batching)
@@ -178,7 +181,9 @@ class PPOExtTorchLearner(PPOTorchLearner):
     # Autocast covers RLlib's forward and loss only. `_uncompiled_update` (RLlib 2.58, bound by
     # TorchLearner.build) runs forward_train -> compute_losses -> compute_gradients ->
     # postprocess_gradients -> apply_gradients; the three gradient seams below leave the
-    # autocast region again, so backward, clipping and the optimizer step run as without AMP.
+    # autocast region again and hand over to the ordered stages of `self.gradient_step`
+    # (rllib_ext.learners.gradient_step), so backward, clipping and the optimizer step run as
+    # without AMP.
     # No RLlib body is copied; tests/learners/test_amp.py checks the regions op by op.
 
     @override(TorchLearner)
@@ -199,30 +204,19 @@ class PPOExtTorchLearner(PPOTorchLearner):
     def compute_gradients(
         self, loss_per_module: dict[ModuleID, TensorType], **kwargs: Any
     ) -> ParamDict:
-        # Backward outside autocast (PyTorch AMP guidance): each op's backward runs in the
-        # dtype autocast chose for its forward.
+        # Stage 1 (rllib_ext.learners.gradient_step). Backward outside autocast (PyTorch AMP
+        # guidance): each op's backward runs in the dtype autocast chose for its forward.
         with self._outside_autocast():
-            if not self.amp.scaling:
-                return super().compute_gradients(loss_per_module, **kwargs)
-            # fp16: RLlib's backward of the per-module losses, each multiplied by its scale.
-            scaled = {
-                mid: self.amp.scaler(mid).scale(loss) for mid, loss in loss_per_module.items()
-            }
-            gradients = super().compute_gradients(scaled, **kwargs)
-            self._modules_in_step = tuple(loss_per_module) if gradients else ()
-            return gradients
+            rllib_backward = super().compute_gradients
+            return self.gradient_step.backward(
+                loss_per_module, lambda losses: rllib_backward(losses, **kwargs)
+            )
 
     @override(Learner)
     def postprocess_gradients(self, gradients_dict: ParamDict) -> ParamDict:
+        # Stages 2-3: unscale (fp16), then RLlib's clip.
         with self._outside_autocast():
-            if self.amp.scaling:
-                # Unscale in place before clipping, so `grad_clip` means what it means in fp32.
-                # GradScaler records inf/nan per optimizer here; `step` will not unscale again.
-                for mid in self._modules_in_step:
-                    scaler = self.amp.scaler(mid)
-                    for _, optim in self.get_optimizers_for_module(mid):
-                        scaler.unscale_(optim)
-            return super().postprocess_gradients(gradients_dict)
+            return self.gradient_step.postprocess(gradients_dict, super().postprocess_gradients)
 
     @override(TorchLearner)
     def configure_optimizers_for_module(self, module_id: ModuleID, config: Any = None) -> None:
@@ -245,68 +239,9 @@ class PPOExtTorchLearner(PPOTorchLearner):
 
     @override(TorchLearner)
     def apply_gradients(self, gradients_dict: ParamDict) -> None:
+        # Stages 4-5: one optimizer step per module by exactly one path, then its listeners.
         with self._outside_autocast():
-            if self.amp.scaling:
-                self._apply_scaled_gradients(gradients_dict)
-            else:
-                if self._lean_step_applies(gradients_dict):
-                    for pid, grad in gradients_dict.items():
-                        private.learner_param(self, pid).grad = grad
-                    for mid in private.optimizer_module_ids(self):
-                        for _, optim in self.get_optimizers_for_module(mid):
-                            optim.step()
-                else:
-                    super().apply_gradients(gradients_dict)
-                if self.amp.enabled:
-                    for mid in private.optimizer_module_ids(self):
-                        self._log_amp(mid)
-        if self.comm.enabled:
-            self.comm.log_stats(self.metrics)
-
-    def _lean_step_applies(self, gradients_dict: ParamDict) -> bool:
-        """Whether RLlib's ``apply_gradients`` would just set the gradients and step every
-        optimizer: all gradients finite, no LR scheduler classes, no grad scalers."""
-        return (
-            self.ext_settings.update.lean_update
-            and private.torch_lr_scheduler_classes(self.config) is None
-            and private.torch_grad_scaler_class(self.config) is None
-            and lean.all_finite(gradients_dict.values())
-        )
-
-    def _apply_scaled_gradients(self, gradients_dict: ParamDict) -> None:
-        for pid, grad in gradients_dict.items():
-            private.learner_param(self, pid).grad = grad
-        for mid in self._modules_in_step:
-            scaler = self.amp.scaler(mid)
-            before = scaler.get_scale()
-            # No nan_to_num: GradScaler.step skips the optimizer step when unscale_ found
-            # inf/nan, so Adam's moments never see a non-finite gradient.
-            for _, optim in self.get_optimizers_for_module(mid):
-                scaler.step(optim)
-            scaler.update()
-            after = scaler.get_scale()
-            # Error-feedback memory of the comm hook holds loss-scaled gradients.
-            self.comm.rescale(mid, after / before)
-            # The scale only shrinks after a step with inf/nan gradients.
-            if after < before:
-                self.amp.skipped_steps[mid] = self.amp.skipped_steps.get(mid, 0) + 1
-                self.metrics.log_value((mid, f"{AMP_METRIC}/skipped_steps"), 1, reduce="sum")
-            self._log_amp(mid)
-
-    def _log_amp(self, mid: ModuleID) -> None:
-        if private.learner_index(self) == 0:
-            # A string "item" cannot be merged across learners: rank 0 reports it (all ranks
-            # run the same dtype).
-            self.metrics.log_value((mid, f"{AMP_METRIC}/dtype"), self.amp.dtype_name, reduce="item")
-        if self.amp.scaling:
-            scaler = self.amp.scaler(mid)
-            self.metrics.log_value((mid, f"{AMP_METRIC}/loss_scale"), scaler.get_scale(), window=1)
-            self.metrics.log_value(
-                (mid, f"{AMP_METRIC}/skipped_steps_lifetime"),
-                self.amp.skipped_steps.get(mid, 0),
-                window=1,
-            )
-            self.metrics.log_value((mid, f"{AMP_METRIC}/skipped_steps"), 0, reduce="sum")
+            self.gradient_step.apply(gradients_dict, super().apply_gradients)
 
     # -- checkpoints ------------------------------------------------------------------------
 
