@@ -314,6 +314,7 @@ def test_the_jaxmarl_mappo_preset_is_jaxmarls_recipe_in_rllib_terms() -> None:
         0.25,
     )
     assert settings.extensions["amp"] is False  # fp32 where the map presets take bf16
+    assert settings.extensions["standardize_advantages"] == "masked"  # no bootstrap rows
     config = (
         PPOConfig()
         .environment(settings.env, env_config=settings.env_config)
