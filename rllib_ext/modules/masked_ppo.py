@@ -163,6 +163,12 @@ class MaskedPPOTorchRLModule(DefaultPPOTorchRLModule, ValueNormAPI, LearnerOptio
                 f"recurrent_cell={config[RECURRENT_CELL_KEY]!r}) (or module_class="
                 "MaskedRecurrentPPOTorchRLModule), or drop recurrent_cell."
             )
+        if config.get("orthogonal_init"):
+            raise ValueError(
+                "model_config['orthogonal_init']=True is an option of the recurrent module "
+                "(MaskedRecurrentPPOTorchRLModule); this feed-forward module would ignore it. "
+                "Fix: add recurrent_cell='gru', or drop orthogonal_init."
+            )
         if central and config.get("use_lstm", False):
             raise ValueError(
                 f"model_config['{CENTRAL_CRITIC_KEY}']=True with use_lstm=True is not supported. "

@@ -31,6 +31,11 @@ Network (``model_config`` keys; RLlib's ``DefaultModelConfig`` defaults where th
   ``env_config={"state_mode": "agent_specific"}`` MAPPO's state + agent id); the GRU serves
   the policy only and env runners build the module ``inference_only`` without the critic.
   Without it, policy and value share the recurrent trunk (JaxMARL's IPPO-RNN layout).
+* ``orthogonal_init`` (default ``False``: torch's default initialization): JaxMARL's
+  MAPPO/IPPO initialization (and CleanRL's): orthogonal kernels with gain sqrt(2) in the
+  encoders, 2 in the ``head_fcnet_hiddens`` layers, 0.01 for the logits and 1 for the value;
+  zero biases; the GRU/LSTM as flax's cells: LeCun-normal input kernels, orthogonal recurrent
+  kernels (per gate), zero biases.
 * ``value_norm`` / ``value_norm_beta`` / ``death_masking``: as for the feed-forward module
   (validated by the same :func:`~rllib_ext.modules.masked_ppo.check_masked_module_options`).
 
@@ -90,6 +95,31 @@ def _mlp(in_size: int, hiddens: list[int], activation: Any) -> tuple[nn.Module, 
     return nn.Sequential(*layers), in_size
 
 
+ORTHOGONAL_INIT_KEY = "orthogonal_init"
+"""``model_config`` key: JaxMARL's / CleanRL's initialization (module docstring)."""
+
+
+def _orthogonal_(stack: nn.Module, gain: float) -> None:
+    """Orthogonal kernels with ``gain``, zero biases, for every ``nn.Linear`` in ``stack``."""
+    for layer in stack.modules():
+        if isinstance(layer, nn.Linear):
+            nn.init.orthogonal_(layer.weight, gain)
+            nn.init.zeros_(layer.bias)
+
+
+def _flax_rnn_(rnn: nn.GRU | nn.LSTM) -> None:
+    """flax's cell initialization: LeCun-normal input kernels, orthogonal recurrent kernels
+    per gate block, zero biases."""
+    for name, param in rnn.named_parameters():
+        if name.startswith("weight_ih"):
+            nn.init.normal_(param, std=param.shape[1] ** -0.5)
+        elif name.startswith("weight_hh"):
+            for block in param.data.split(param.shape[1]):
+                nn.init.orthogonal_(block)
+        else:
+            nn.init.zeros_(param)
+
+
 def recurrent_model_config(model_config: Any) -> dict[str, Any]:
     """RLlib's ``DefaultModelConfig`` defaults under ``model_config``, validated.
 
@@ -117,6 +147,11 @@ def recurrent_model_config(model_config: Any) -> dict[str, Any]:
             f"model_config has use_lstm=True and {RECURRENT_CELL_KEY}={cell!r}: use_lstm wraps "
             "RLlib's default encoder in its own LSTM. Fix: drop use_lstm (recurrent_cell='lstm' "
             "gives the masked module an LSTM)."
+        )
+    if not isinstance(config.get(ORTHOGONAL_INIT_KEY, False), bool):
+        raise ValueError(
+            f"model_config['{ORTHOGONAL_INIT_KEY}']={config[ORTHOGONAL_INIT_KEY]!r}; allowed "
+            f"values: True, False. Fix: model_config={{'{ORTHOGONAL_INIT_KEY}': True}}."
         )
     for key in ("lstm_cell_size", "max_seq_len"):
         value = config[key]
@@ -183,7 +218,19 @@ class MaskedRecurrentPPOTorchRLModule(
             size = self._cell_size
         self.vf_head, size = _mlp(size, head, head_activation)
         self.vf = nn.Linear(size, 1)
+        if config.get(ORTHOGONAL_INIT_KEY, False):
+            self._orthogonal_init()
         self.setup_value_norm(config)
+
+    def _orthogonal_init(self) -> None:
+        """``orthogonal_init=True`` (module docstring); gains as JaxMARL's MAPPO."""
+        for stack in (self.encoder, getattr(self, "central_critic_encoder", nn.Sequential())):
+            _orthogonal_(stack, 2**0.5)
+        _flax_rnn_(self.rnn)
+        for stack in (self.pi_head, self.vf_head):
+            _orthogonal_(stack, 2.0)
+        _orthogonal_(self.pi, 0.01)
+        _orthogonal_(self.vf, 1.0)
 
     @property
     def central_critic(self) -> bool:

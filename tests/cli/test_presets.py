@@ -305,6 +305,7 @@ def test_the_jaxmarl_mappo_preset_is_jaxmarls_recipe_in_rllib_terms() -> None:
     assert (model["recurrent_cell"], model["lstm_cell_size"]) == ("gru", 128)
     assert model["fcnet_hiddens"] == model["head_fcnet_hiddens"] == [128]
     assert model["central_critic"] and not model["value_norm"] and not model["death_masking"]
+    assert model["orthogonal_init"] is True
     training = settings.training
     assert settings.num_envs_per_env_runner * 128 == training["train_batch_size"] == 16384
     assert training["lr"] == [[0, 0.002], [3000000, 0.0]]

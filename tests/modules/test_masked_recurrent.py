@@ -300,3 +300,41 @@ def test_forward_train_refuses_learner_only_options_until_claimed():
         module.forward_train(data)
     module.claim_learner_options()
     assert module.forward_train(data)[Columns.ACTION_DIST_INPUTS].shape == (4, 3, N_ACTIONS)
+
+
+def test_orthogonal_init_is_jaxmarls_initialization():
+    """``orthogonal_init=True``: orthogonal kernels with JaxMARL's gains (sqrt 2 encoders, 2
+    head layers, 0.01 logits, 1 value), zero biases, flax's GRU init; off: torch's default."""
+    module = build(central_critic=True, head_fcnet_hiddens=[9], orthogonal_init=True)
+
+    def gain(weight):  # an orthogonal matrix times g has all singular values equal to g
+        sv = torch.linalg.svdvals(weight.detach())
+        assert torch.allclose(sv, sv[0].expand_as(sv), rtol=1e-4), sv
+        return float(sv[0])
+
+    assert gain(module.encoder[0].weight) == pytest.approx(2**0.5, rel=1e-4)
+    assert gain(module.central_critic_encoder[0].weight) == pytest.approx(2**0.5, rel=1e-4)
+    assert gain(module.pi_head[0].weight) == pytest.approx(2.0, rel=1e-4)
+    assert gain(module.vf_head[0].weight) == pytest.approx(2.0, rel=1e-4)
+    assert gain(module.pi.weight) == pytest.approx(0.01, rel=1e-4)
+    assert gain(module.vf.weight) == pytest.approx(1.0, rel=1e-4)
+    for block in module.rnn.weight_hh_l0.split(CELL):  # r, z, n gates
+        assert gain(block) == pytest.approx(1.0, rel=1e-4)
+    biases = [p for n, p in module.named_parameters() if "bias" in n and "value_norm" not in n]
+    assert biases and all(float(b.detach().abs().max()) == 0.0 for b in biases)
+    # Near-uniform initial policy over the legal actions (logits ~0.01 scale).
+    logits = module.forward_train(batch(module, b=8, t=3))[Columns.ACTION_DIST_INPUTS]
+    legal = logits[logits > -1e30]
+    assert float(legal.abs().max()) < 0.1
+
+    plain = build(central_critic=True, head_fcnet_hiddens=[9])
+    assert float(plain.pi.bias.abs().max()) > 0.0  # torch's default init
+
+    with pytest.raises(ValueError, match="orthogonal_init"):
+        build(orthogonal_init="yes")
+    with pytest.raises(ValueError, match="recurrent module"):
+        MaskedPPOTorchRLModule(
+            observation_space=obs_space(),
+            action_space=gym.spaces.Discrete(N_ACTIONS),
+            model_config={"orthogonal_init": True},
+        )
