@@ -116,7 +116,11 @@ def test_a_mapped_map_on_smax_gets_its_map_preset_under_the_users_env(env: str) 
     # The map preset's recipe and batched battles, as with --preset smax-3s5z_vs_3s6z.
     assert settings.num_envs_per_env_runner == map_preset["num_envs_per_env_runner"] == 64
     assert settings.num_env_runners == 0
-    assert settings.training == {k: v for k, v in map_preset["training"].items() if k != "amp"}
+    extension_keys = ("amp", "standardize_advantages")  # rllib_ext's flags, not PPO's
+    assert settings.training == {
+        k: v for k, v in map_preset["training"].items() if k not in extension_keys
+    }
+    assert settings.extensions["standardize_advantages"] == "masked"
     assert settings.extensions["amp"] == "auto"
     assert settings.model_config == map_preset["model_config"]
     assert settings.stop_reward is None and settings.stop_timesteps == 3_000_000
