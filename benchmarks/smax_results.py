@@ -136,6 +136,14 @@ def _jaxmarl_rows(path: Path, updates: int, marks: tuple[int, ...]) -> list[dict
     return out
 
 
+def _label(header: dict[str, Any]) -> str:
+    """The preset a run trained with, plus its ``--training`` overrides where it had some (read
+    from the training command in the header)."""
+    label = header.get("preset") or "-"
+    found = re.search(r"--training '([^']*)'", header.get("train_command", ""))
+    return f"{label} + {found.group(1)}" if found else label
+
+
 def _seeds(rows: list[dict], key: str) -> str:
     """``**median** (seed 0 / seed 1 / ...)``; one seed: its value."""
     listed = " / ".join(f"{r[key]:.3f}" for r in sorted(rows, key=lambda r: r["seed"]))
@@ -169,7 +177,7 @@ def table(args: argparse.Namespace) -> None:
         for line in path.read_text().splitlines()[1:]:
             row = json.loads(line)
             if "mark" in row and row["mark"] in marks:  # evaluation rows
-                ours[(row["map"], first.get("preset") or "-")][row["mark"]].append(row)
+                ours[(row["map"], _label(first))][row["mark"]].append(row)
 
     print(
         "| map | preset | env steps | ours sampled (seeds) | ours greedy | our wall time | "
