@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,6 +45,20 @@ def with_sc2(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _map(name: str, **more: object) -> str:
     return json.dumps({"map_name": name, **more})
+
+
+def _env_config(settings: TrainSettings) -> Any:
+    """``rllib_ext.PPOConfig`` with the env and env-runner settings ``settings`` resolved."""
+    from rllib_ext import PPOConfig
+
+    return (
+        PPOConfig()
+        .environment(settings.env, env_config=settings.env_config)
+        .env_runners(
+            num_env_runners=settings.num_env_runners,
+            num_envs_per_env_runner=settings.num_envs_per_env_runner,
+        )
+    )
 
 
 def test_every_shipped_preset_loads_with_a_description() -> None:
@@ -128,18 +143,10 @@ def test_a_mapped_map_on_smax_gets_its_map_preset_under_the_users_env(env: str) 
 
 @pytest.mark.usefixtures("no_sc2")
 def test_the_map_preset_selects_the_batched_smax_runner_for_smac_v2() -> None:
-    from rllib_ext import PPOConfig
     from rllib_ext.envs.smac.env_runner import SMAXVectorEnvRunner
 
     settings = resolve_settings({"env": "smac_v2", "env_config": _map(MAPPED)})
-    config = (
-        PPOConfig()
-        .environment(settings.env, env_config=settings.env_config)
-        .env_runners(
-            num_env_runners=settings.num_env_runners,
-            num_envs_per_env_runner=settings.num_envs_per_env_runner,
-        )
-    )
+    config = _env_config(settings)
     config.validate()
     assert config.env_runner_cls is SMAXVectorEnvRunner
 
@@ -296,7 +303,6 @@ def test_the_jaxmarl_mappo_preset_is_jaxmarls_recipe_in_rllib_terms() -> None:
     Dense 128 head, agent id in the critic's state, 128 battles x 128 steps per update, 4
     epochs, lr 2e-3 -> 0, entropy 0, gradient norm 0.25, no value norm, no death masking, fp32;
     the map comes from the user and the config passes RLlib's validation."""
-    from rllib_ext import PPOConfig
     from rllib_ext.envs.smac.env_runner import SMAXVectorEnvRunner
     from rllib_ext.modules import MaskedRecurrentPPOTorchRLModule, masked_module_class
 
@@ -320,15 +326,6 @@ def test_the_jaxmarl_mappo_preset_is_jaxmarls_recipe_in_rllib_terms() -> None:
     )
     assert settings.extensions["amp"] is False  # fp32 where the map presets take bf16
     assert settings.extensions["standardize_advantages"] == "masked"  # no bootstrap rows
-    config = (
-        PPOConfig()
-        .environment(settings.env, env_config=settings.env_config)
-        .env_runners(
-            num_env_runners=settings.num_env_runners,
-            num_envs_per_env_runner=settings.num_envs_per_env_runner,
-        )
-        .rl_module(model_config=model)
-        .training(**training)
-    )
+    config = _env_config(settings).rl_module(model_config=model).training(**training)
     config.validate()
     assert config.env_runner_cls is SMAXVectorEnvRunner
