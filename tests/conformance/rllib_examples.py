@@ -46,6 +46,10 @@ FUSED_KEY = "rllib_ext/fused_sampling"
 """``env_runners/<this>``: 1 where the last ``sample()`` ran the fused loop."""
 FALLBACK = re.compile(r"FusedSamplingFallback: (?:fused sampling off, RLlib's loop runs: )?(.*)")
 FALLBACK_PREFIX = "fused sampling off, RLlib's loop runs: "
+CAP_ENV = "RLLIB_EXT_CONFORMANCE_ITERS"
+"""Set for a script that takes no RLlib example flags: its Tune runs stop after that many
+iterations, and its own loop ends (exit 0) after that many new-stack ``train()`` calls (harness
+only)."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,9 @@ class Example:
     """Run through Tune (the script's default) instead of ``--no-tune``."""
     fast: bool = False
     """In the default pytest selection."""
+    core: bool = False
+    """In ``make conformance`` (and CI) besides the fast ones; the rest run under ``make
+    conformance-all``."""
     iters: int = 2
     """Training iterations per run (``--stop-iters``)."""
     expect: str = ""
@@ -67,6 +74,15 @@ class Example:
     between stock and rllib_ext."""
     unseeded: str = ""
     """Why two stock runs differ in the statistics left out of ``stats``."""
+    script_flags: bool = True
+    """The script takes RLlib's example flags (``add_rllib_example_script_args``); where it does
+    not, it gets none, and unless ``short`` the harness gives its configs what the flags give the
+    others (no remote env runners) and caps its training at ``iters`` iterations
+    (:data:`CAP_ENV`)."""
+    runners: int = 0
+    """``--num-env-runners`` (0: the local runner samples)."""
+    short: bool = False
+    """A script without RLlib's flags whose own stop rule ends it within minutes: not capped."""
 
     @property
     def name(self) -> str:
@@ -81,24 +97,27 @@ EXAMPLES = (
     Example(
         "multi_agent/multi_agent_cartpole.py", ("--num-agents", "2"), fast=True, expect=RLLIB_MA
     ),
-    Example("learners/ppo_with_custom_loss_fn.py", expect=FUSED),
-    Example("learners/ppo_with_torch_lr_schedulers.py", expect=FUSED),
-    Example("connectors/prev_actions_prev_rewards.py", expect=CONNECTORS),
+    Example("learners/ppo_with_custom_loss_fn.py", core=True, expect=FUSED),
+    Example("learners/ppo_with_torch_lr_schedulers.py", core=True, expect=FUSED),
+    Example("connectors/prev_actions_prev_rewards.py", core=True, expect=CONNECTORS),
     Example(
         "rl_modules/action_masking_rl_module.py",
+        core=True,
         expect="fallback: observation space Dict",
         stats=LENGTHS,
         unseeded="lengths only: the env's rewards come from an unseeded gym space",
     ),
     Example(
         "envs/custom_gym_env.py",
+        core=True,
         expect=FUSED,
         stats=LENGTHS,
         unseeded="lengths only: the env reseeds `random` from the OS at each reset",
     ),
-    Example("envs/env_w_protobuf_observations.py", expect=CONNECTORS),
+    Example("envs/env_w_protobuf_observations.py", core=True, expect=CONNECTORS),
     Example(
         "multi_agent/custom_heuristic_policy.py",
+        core=True,
         expect=RLLIB_MA,
         stats=(),
         unseeded="not compared: the random policy samples an unseeded gym space",
@@ -106,15 +125,77 @@ EXAMPLES = (
     Example(
         "rl_modules/custom_lstm_rl_module.py",
         tune=True,
+        core=True,
         expect="fallback: a stateful (recurrent) RLModule",
     ),
+    Example("connectors/flatten_observations_dict_space.py"),
+    Example("connectors/single_agent_observation_preprocessor.py"),
+    Example("connectors/multi_agent_observation_preprocessor.py", ("--num-agents", "2")),
+    Example("envs/agents_act_in_sequence.py"),
+    Example("envs/agents_act_simultaneously.py"),
+    Example("envs/async_gym_env_vectorization.py"),
+    Example("envs/custom_env_render_method.py"),
+    Example("envs/env_connecting_to_rllib_w_tcp_client.py", ("--use-dummy-client",), runners=1),
+    Example("multi_agent/different_spaces_for_agents.py"),
+    Example("multi_agent/multi_agent_pendulum.py", ("--num-agents", "2")),
+    Example("multi_agent/rock_paper_scissors_heuristic_vs_learned.py"),
+    Example("multi_agent/rock_paper_scissors_learned_vs_learned.py"),
+    Example("multi_agent/two_step_game_with_grouped_agents.py", ("--num-agents", "2")),
+    Example("multi_agent/pettingzoo_independent_learning.py", ("--num-agents", "2")),
+    Example("multi_agent/pettingzoo_parameter_sharing.py", ("--num-agents", "2")),
+    Example("multi_agent/self_play_with_open_spiel.py", ("--num-agents", "2")),
+    Example("multi_agent/self_play_league_based_with_open_spiel.py", ("--num-agents", "2")),
+    Example("offline_rl/cartpole_recording.py", ("--stop-timesteps", "2000"), tune=True),
+    Example("offline_rl/train_w_bc_finetune_w_ppo.py"),
+    Example(
+        "rl_modules/pretraining_single_agent_training_multi_agent.py",
+        ("--num-agents", "2", "--stop-reward-pretraining", "10"),
+        tune=True,
+    ),
+    Example("rl_modules/custom_cnn_rl_module.py"),
+    Example("connectors/frame_stacking.py"),
+    Example("envs/env_rendering_and_recording.py"),
+    Example("ray_tune/custom_experiment.py", tune=True, script_flags=False, short=True),
+    Example("ray_tune/custom_logger.py", tune=True, script_flags=False),
+    Example("ray_tune/custom_progress_reporter.py", tune=True, script_flags=False),
+    Example("rl_modules/migrate_modelv2_to_new_api_stack_by_config.py", script_flags=False),
+    Example(
+        "rl_modules/migrate_modelv2_to_new_api_stack_by_policy_checkpoint.py", script_flags=False
+    ),
+    Example("ray_serve/ray_serve_with_rllib.py"),
 )
+
+
+NOT_PPO = {
+    "algorithms/appo_custom_algorithm_w_shared_data_actor.py": "APPO (rllib_ext changes PPO only)",
+    "ray_tune/appo_hyperparameter_tune.py": "APPO (rllib_ext changes PPO only)",
+}
+"""Scripts that :func:`ppo_example_scripts` finds but that train no PPO, and why."""
+NOT_SCRIPTS = ("_old_api_stack", "classes", "utils")
+"""Folders of ``ray/rllib/examples`` that hold RLlib's old API stack or helpers, not scripts of
+the new stack (rllib_ext builds on the new stack only)."""
 
 
 def examples_dir() -> Path:
     import ray.rllib.examples  # lazy: the table and --help need no Ray
 
     return Path(ray.rllib.examples.__file__).parent
+
+
+def ppo_example_scripts(root: Path | None = None) -> list[str]:
+    """Every example script under ``root`` (default: the installed Ray's ``rllib/examples``) that
+    can train PPO: it builds a ``PPOConfig`` or takes ``--algo`` (RLlib's example flags, default
+    PPO) through ``get_trainable_cls(args.algo)``."""
+    root = root or examples_dir()
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        relative = path.relative_to(root)
+        if path.name == "__init__.py" or set(relative.parts[:-1]) & set(NOT_SCRIPTS):
+            continue
+        text = path.read_text()
+        if "PPOConfig" in text or "get_trainable_cls(args.algo)" in text:
+            found.append(relative.as_posix())
+    return found
 
 
 # --------------------------------------------------------------------------------------------
@@ -188,9 +269,13 @@ def bootstrap(argv: list[str] | None = None) -> None:
 
     build_algo = AlgorithmConfig.build_algo
 
+    capped = bool(os.environ.get(CAP_ENV))
+
     def seeded_build_algo(self: Any, *args: Any, **kwargs: Any) -> Any:
         if self.seed is None:
             self.debugging(seed=SEED)
+        if capped:  # a script without RLlib's flags: what `--num-env-runners 0` gives the others
+            self.env_runners(num_env_runners=0)
         return build_algo(self, *args, **kwargs)
 
     AlgorithmConfig.build_algo = seeded_build_algo  # type: ignore[method-assign]
@@ -209,6 +294,12 @@ def bootstrap(argv: list[str] | None = None) -> None:
             extra["rule"] = select_env_runner_class(self.config).rule
         state["iterations"].append(_iteration(result, extra))
         write()
+        cap = int(os.environ.get(CAP_ENV) or 0)
+        if cap and self.config.enable_rl_module_and_learner:
+            state["trained"] = state.get("trained", 0) + 1
+            if state["trained"] >= cap:  # a script's own loop (to a return): ended here
+                write()
+                raise SystemExit(0)
         return result
 
     Algorithm.train = recorded_train  # type: ignore[method-assign]
@@ -220,6 +311,12 @@ def bootstrap(argv: list[str] | None = None) -> None:
             param_space.debugging(seed=SEED)
         elif isinstance(param_space, dict) and param_space.get("seed") is None:
             param_space["seed"] = SEED
+        if capped:  # a script without RLlib's flags: its stop rule capped, no remote runners
+            if isinstance(param_space, AlgorithmConfig):
+                param_space.env_runners(num_env_runners=0)
+            run_config = kwargs.get("run_config") or tune.RunConfig()
+            run_config.stop = {"training_iteration": int(os.environ[CAP_ENV])}
+            kwargs["run_config"] = run_config
         tuner_init(self, *args, param_space=param_space, **kwargs)
 
     def recorded_fit(self: Any) -> Any:
@@ -289,9 +386,12 @@ class Run:
 
 
 def command(example: Example, mode: str, dump: Path, *, iters: int) -> list[str]:
-    flags = ["--stop-iters", str(iters), "--num-env-runners", "0", "--num-cpus", "2"]
+    flags = ["--stop-iters", str(iters), "--num-env-runners", str(example.runners)]
+    flags += ["--num-cpus", "2"]
     if not example.tune:
         flags.append("--no-tune")
+    if not example.script_flags:
+        flags = []
     boot = "import sys; from tests.conformance.rllib_examples import bootstrap; bootstrap()"
     script = examples_dir() / example.path
     return [sys.executable, "-c", boot, mode, str(dump), str(script), *flags, *example.args]
@@ -311,6 +411,8 @@ def run_example(example: Example, mode: str, *, iters: int = 2, timeout: float =
             # stock runs (multi_agent_cartpole: 130 vs 117 first-iteration episodes).
             "PYTHONHASHSEED": "0",
         }
+        if not (example.script_flags or example.short):
+            env[CAP_ENV] = str(iters)
         start = time.perf_counter()
         try:
             proc = subprocess.run(
@@ -478,9 +580,9 @@ def compare(example: str, stock: Run, ext: Run, *, stats: tuple[str, ...] = EPIS
     )
 
 
-def run_pair(example: Example, *, iters: int = 2) -> tuple[Row, Run, Run]:
-    stock = run_example(example, "stock", iters=iters)
-    ext = run_example(example, "rllib_ext", iters=iters)
+def run_pair(example: Example, *, iters: int = 2, timeout: float = 600) -> tuple[Row, Run, Run]:
+    stock = run_example(example, "stock", iters=iters, timeout=timeout)
+    ext = run_example(example, "rllib_ext", iters=iters, timeout=timeout)
     row = compare(example.name, stock, ext, stats=example.stats)
     if example.unseeded and row.identical_first is not None:
         row.compared = example.unseeded
@@ -525,19 +627,29 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fast", action="store_true", help="only the default-pytest subset")
     parser.add_argument(
+        "--core", action="store_true", help="only `make conformance`'s set (CI's), not the rest"
+    )
+    parser.add_argument(
         "--iters", type=int, help="training iterations per run (default: each example's)"
     )
     parser.add_argument(
         "--only", nargs="*", help="example names (e.g. learners/ppo_with_custom_loss_fn)"
     )
     parser.add_argument("--json", type=Path, help="write the rows (and each run's tail) here")
+    parser.add_argument(
+        "--timeout", type=float, default=600, help="seconds a run may take (default: 600)"
+    )
     args = parser.parse_args(argv)
     chosen = [
-        e for e in EXAMPLES if (e.fast or not args.fast) and (not args.only or e.name in args.only)
+        e
+        for e in EXAMPLES
+        if (e.fast or not args.fast)
+        and (e.fast or e.core or not args.core)
+        and (not args.only or e.name in args.only)
     ]
     rows, records = [], []
     for example in chosen:
-        row, stock, ext = run_pair(example, iters=args.iters or example.iters)
+        row, stock, ext = run_pair(example, iters=args.iters or example.iters, timeout=args.timeout)
         rows.append(row)
         records.append({"row": asdict(row), "stock": brief(stock), "rllib_ext": brief(ext)})
         print(f"{example.name}: conforms={row.conforms} ({row.seconds:.0f} s)", flush=True)
