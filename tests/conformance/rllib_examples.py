@@ -8,8 +8,11 @@ the script builds and wraps ``Algorithm.train`` / ``tune.Tuner.fit`` to write wh
 reported (flattened result keys, episode statistics, ``env_runners/rllib_ext/fused_sampling``, the
 ``FusedSamplingFallback`` warnings) to a JSON file. rllib_ext itself patches nothing in Ray.
 
-``python -m tests.conformance.rllib_examples [--fast] [--json PATH]`` (``make conformance``) runs
-the set and prints the table; it exits 1 where a row does not conform.
+The set is every PPO example script of the installed Ray (:func:`ppo_example_scripts`; a test
+fails where one is neither in :data:`EXAMPLES` nor in :data:`NOT_PPO`). ``python -m
+tests.conformance.rllib_examples [--fast | --core] [--json PATH]`` (``make conformance-table``)
+runs them and prints the table; it exits 1 where a row does not conform. ``make conformance`` (CI)
+runs the ``core`` and ``fast`` ones as tests, ``make conformance-all`` all of them.
 """
 
 from __future__ import annotations
