@@ -146,7 +146,7 @@ EXAMPLES = (
     Example("multi_agent/two_step_game_with_grouped_agents.py", ("--num-agents", "2")),
     Example("multi_agent/pettingzoo_independent_learning.py", ("--num-agents", "2")),
     Example("multi_agent/pettingzoo_parameter_sharing.py", ("--num-agents", "2")),
-    Example("multi_agent/self_play_with_open_spiel.py", ("--num-agents", "2")),
+    Example("multi_agent/self_play_with_open_spiel.py", ("--num-agents", "2"), tune=True),
     Example(
         "multi_agent/self_play_league_based_with_open_spiel.py",
         ("--num-agents", "2"),
