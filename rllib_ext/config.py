@@ -201,6 +201,8 @@ class PPOConfig(_RLlibPPOConfig):
             ValueError: for a 2023 key that RLlib would store and never read
                 (:data:`LEGACY_DICT_KEYS`), before anything is applied.
         """
+        if isinstance(config_dict, AlgorithmConfig):  # RLlib's default_resource_request passes one
+            config_dict = config_dict.to_dict()
         new_stack = config_dict.get("enable_rl_module_and_learner", True) is not False
         for key in LEGACY_DICT_KEYS:
             value = config_dict.get(key)

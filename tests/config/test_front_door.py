@@ -243,3 +243,16 @@ def test_tune_run_defaults_the_metric_its_trainable_reports(
     ((ran, kwargs),) = calls
     assert ran is (compat.PPO if trainable == "PPO" else trainable)
     assert (kwargs["metric"], kwargs["mode"]) == (metric, "max")
+
+
+def test_update_from_dict_takes_a_config_as_rllibs_resource_request_passes_it() -> None:
+    """``Algorithm.default_resource_request(config)`` (what ``tune.with_resources`` users call, e.g.
+    RLlib's ``ray_tune/custom_experiment.py``) hands the config object itself to
+    ``update_from_dict``: its bound methods (``.training``) are not 2023 dict keys."""
+    import rllib_ext
+
+    config = rllib_ext.PPOConfig().environment("CartPole-v1").env_runners(num_env_runners=0)
+    copy = rllib_ext.PPOConfig().update_from_dict(config)
+    assert copy.env == "CartPole-v1" and copy.num_env_runners == 0
+    assert copy.learner_config_dict == config.learner_config_dict
+    assert rllib_ext.PPO.default_resource_request(config) is not None
