@@ -258,6 +258,14 @@ class PPOConfig(_RLlibPPOConfig):
     env_runners = _then_apply_derived("env_runners")
     offline_data = _then_apply_derived("offline_data")
 
+    @override(AlgorithmConfig)
+    def api_stack(self, *args: Any, **kwargs: Any) -> PPOConfig:
+        """RLlib's ``api_stack()``, then the derived settings (the old stack: RLlib's runner)."""
+        super().api_stack(*args, **kwargs)
+        if "output" in self.__dict__:  # not inside RLlib's __init__, which calls it early
+            self._apply_derived_settings()
+        return self
+
     def _apply_derived_settings(self) -> None:
         """Fills in what the flags imply; idempotent, explicit user choices are kept.
 

@@ -10,6 +10,8 @@ rule                     when                                              class
 =======================  ================================================  ==============================
 ``user_class``           ``env_runner_cls`` is a class this table did      the user's (RLlib runs it)
                          not pick (a user's subclass of ours included)
+``rllib_old_api_stack``  ``enable_env_runner_and_connector_v2=False``      RLlib's choice: its
+                                                                           ``RolloutWorker``
 ``rllib_offline_output`` ``.offline_data(output=...)``                     RLlib's choice: its
                                                                            ``OfflineSingleAgentEnvRunner``
 ``smax_batched``         rllib_ext's SMAX env, multi-agent,                ``SMAXVectorEnvRunner``
@@ -45,6 +47,7 @@ __all__ = ["RULES", "RunnerChoice", "apply_env_runner_table", "select_env_runner
 
 RULES = (
     "user_class",
+    "rllib_old_api_stack",
     "rllib_offline_output",
     "smax_batched",
     "fused_single_agent",
@@ -122,6 +125,8 @@ def _rllib_choice(config: Any, rule: str) -> RunnerChoice:
 def _select_unprofiled(config: Any, current: type | None) -> RunnerChoice:
     if current is not None and not _picked_by_table(current):
         return RunnerChoice(current, "user_class")
+    if not config.enable_env_runner_and_connector_v2:  # RLlib's old stack: its RolloutWorker
+        return RunnerChoice(None, "rllib_old_api_stack", rllib_picks=True)
     if config.output:
         return _rllib_choice(config, "rllib_offline_output")
     if config.is_multi_agent and config.num_envs_per_env_runner > 1 and _runs_on_smax(config):

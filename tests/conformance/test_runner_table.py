@@ -87,6 +87,14 @@ CASES: dict[str, tuple[Any, type, str, bool]] = {
         "user_class",
         True,
     ),
+    "old_api_stack": (
+        _cartpole().api_stack(
+            enable_rl_module_and_learner=False, enable_env_runner_and_connector_v2=False
+        ),
+        None,
+        "rllib_old_api_stack",
+        False,
+    ),
     "offline_output": (
         _recording(_cartpole(), "/tmp/never-written"),
         OfflineSingleAgentEnvRunner,
