@@ -64,7 +64,7 @@ test-learning: $(STAMP)
 
 ## RLlib's own PPO example scripts, stock vs rllib_ext (tests/conformance/rllib_examples.py):
 ## `conformance` runs CI's set as tests (`make test` runs the fast subset only), `conformance-all`
-## every PPO example script in ray/rllib/examples (about 50 minutes on 2 cores; not in CI);
+## every PPO example script in ray/rllib/examples (about an hour on 2 cores; not in CI);
 ## `conformance-table` runs them all once more and prints the table of README's "Reliability"
 ## section (exit 1 where a row does not conform).
 conformance: $(STAMP)
