@@ -42,8 +42,9 @@ lint: $(STAMP)
 ## The README's test command: lint, then every test except StarCraft II, the long learning
 ## comparisons and the whole conformance set (its fast subset runs here; CI, `.ci/run`, runs
 ## `make conformance` right after it).
+TEST_MARKERS = not sc2 and not learning and not conformance and not conformance_all
 test: lint
-	$(VENV)/bin/pytest -m "not sc2 and not learning and not conformance" -q
+	$(VENV)/bin/pytest -m "$(TEST_MARKERS)" -q
 
 ## Quick loop while developing: skips the end-to-end runs marked slow.
 test-fast: lint

@@ -157,6 +157,7 @@ def test_examples_conform(example: rx.Example) -> None:
     check(example)
 
 
+@pytest.mark.conformance  # both marks: `-m "not conformance"` alone leaves these out too
 @pytest.mark.conformance_all
 @pytest.mark.parametrize(
     "example", [e for e in rx.EXAMPLES if not (e.core or e.fast)], ids=lambda e: e.name
