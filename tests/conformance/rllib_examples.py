@@ -86,6 +86,9 @@ class Example:
     """``--num-env-runners`` (0: the local runner samples)."""
     short: bool = False
     """A script without RLlib's flags whose own stop rule ends it within minutes: not capped."""
+    num_cpus: int = 2
+    """Ray's logical CPUs (``--num-cpus``). More than the 2 cores only where the script itself
+    asks for more actors than that (they then share the cores instead of waiting forever)."""
 
     @property
     def name(self) -> str:
@@ -146,14 +149,24 @@ EXAMPLES = (
     Example("multi_agent/two_step_game_with_grouped_agents.py", ("--num-agents", "2")),
     Example("multi_agent/pettingzoo_independent_learning.py", ("--num-agents", "2")),
     Example("multi_agent/pettingzoo_parameter_sharing.py", ("--num-agents", "2")),
-    Example("multi_agent/self_play_with_open_spiel.py", ("--num-agents", "2"), tune=True),
+    Example(
+        "multi_agent/self_play_with_open_spiel.py",
+        # After training, the script plays against a human on stdin unless told not to.
+        ("--num-agents", "2", "--num-episodes-human-play", "0"),
+        tune=True,
+    ),
     Example(
         "multi_agent/self_play_league_based_with_open_spiel.py",
         ("--num-agents", "2"),
         stats=(),
         unseeded="not compared: the league's random policies sample an unseeded gym space",
     ),
-    Example("offline_rl/cartpole_recording.py", ("--stop-timesteps", "2000"), tune=True),
+    Example(
+        "offline_rl/cartpole_recording.py",
+        ("--stop-timesteps", "2000"),
+        tune=True,
+        num_cpus=6,  # its recording stage evaluates on 5 remote env runners
+    ),
     Example("offline_rl/train_w_bc_finetune_w_ppo.py"),
     Example(
         "rl_modules/pretraining_single_agent_training_multi_agent.py",
@@ -395,7 +408,7 @@ class Run:
 
 def command(example: Example, mode: str, dump: Path, *, iters: int) -> list[str]:
     flags = ["--stop-iters", str(iters), "--num-env-runners", str(example.runners)]
-    flags += ["--num-cpus", "2"]
+    flags += ["--num-cpus", str(example.num_cpus)]
     if not example.tune:
         flags.append("--no-tune")
     if not example.script_flags:
