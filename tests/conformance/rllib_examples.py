@@ -87,7 +87,8 @@ class Example:
     short: bool = False
     """A script without RLlib's flags whose own stop rule ends it within minutes: not capped."""
     num_cpus: int = 2
-    """Ray's logical CPUs (``--num-cpus``). More than the 2 cores only where the script itself
+    """Ray's logical CPUs (``--num-cpus``, and Ray's ``RAY_OVERRIDE_RESOURCES`` for a script that
+    starts Ray again after the flags' run). More than the 2 cores only where the script itself
     asks for more actors than that (they then share the cores instead of waiting forever)."""
 
     @property
@@ -154,6 +155,11 @@ EXAMPLES = (
         # After training, the script plays against a human on stdin unless told not to.
         ("--num-agents", "2", "--num-episodes-human-play", "0"),
         tune=True,
+        stats=(),
+        unseeded=(
+            "not compared: its random opponent samples an unseeded gym space, and agents map to"
+            " policies by the random episode ID"
+        ),
     ),
     Example(
         "multi_agent/self_play_league_based_with_open_spiel.py",
@@ -434,6 +440,8 @@ def run_example(example: Example, mode: str, *, iters: int = 2, timeout: float =
         }
         if not (example.script_flags or example.short):
             env[CAP_ENV] = str(iters)
+        if example.num_cpus != 2:
+            env["RAY_OVERRIDE_RESOURCES"] = json.dumps({"CPU": example.num_cpus})
         start = time.perf_counter()
         try:
             proc = subprocess.run(
