@@ -47,7 +47,11 @@ OUR_KEY = re.compile(r"(^|/)rllib_ext/")
 """Result keys rllib_ext adds: all under its own prefix (README, "Components")."""
 FUSED_KEY = "rllib_ext/fused_sampling"
 """``env_runners/<this>``: 1 where the last ``sample()`` ran the fused loop."""
-FALLBACK = re.compile(r"FusedSamplingFallback: (?:fused sampling off, RLlib's loop runs: )?(.*)")
+FALLBACK = re.compile(
+    r"FusedSamplingFallback: (?:fused sampling off, RLlib's loop runs: )?(.*?)(?:/\S+\.py:\d+: |$)"
+)
+"""The reason of a fallback warning in a log line; another process's warning (``/path.py:N: ...``)
+may follow it on the same line."""
 FALLBACK_PREFIX = "fused sampling off, RLlib's loop runs: "
 CAP_ENV = "RLLIB_EXT_CONFORMANCE_ITERS"
 """Set for a script that takes no RLlib example flags: its Tune runs stop after that many

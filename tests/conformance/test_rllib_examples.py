@@ -84,6 +84,16 @@ def test_our_path_names_fallback_reason_and_rllib_rule() -> None:
     assert rx.our_path(rllib) == "RLlib's runner MultiAgentEnvRunner (rllib_default)"
 
 
+def test_a_fallback_reason_ends_where_another_processs_warning_begins() -> None:
+    line = (
+        "(pid=7) FusedSamplingFallback: fused sampling off, RLlib's loop runs: observation space "
+        "Dict (fused: Box)/venv/gymnasium/utils/passive_env_checker.py:245: UserWarning: WARN"
+    )
+    assert rx.FALLBACK.search(line).group(1) == "observation space Dict (fused: Box)"
+    alone = "FusedSamplingFallback: a stateful (recurrent) RLModule"
+    assert rx.FALLBACK.search(alone).group(1) == "a stateful (recurrent) RLModule"
+
+
 def test_bootstrap_puts_rllib_ext_where_scripts_import_rllib(tmp_path) -> None:
     import rllib_ext
 
