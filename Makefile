@@ -8,6 +8,11 @@ STAMP  := $(VENV)/.installed
 OLDEST_RAY   ?= 2.58.0
 OLDEST_VENV  ?= .venv-ray$(OLDEST_RAY)
 OLDEST_STAMP := $(OLDEST_VENV)/.installed
+# The whole conformance set's venv: the dev install plus the `conformance` extra (Atari, OpenSpiel,
+# Ray Serve, which brings Ray's dashboard into every ray.init: kept out of $(VENV)).
+CONF_VENV  ?= .venv-conformance
+CONF_PY    := $(CONF_VENV)/bin/python
+CONF_STAMP := $(CONF_VENV)/.installed
 
 .PHONY: install install-oldest train test test-oldest test-fast test-slow test-learning conformance conformance-all conformance-table lint bench clean
 
@@ -28,6 +33,12 @@ $(OLDEST_STAMP): pyproject.toml constraints.txt
 	touch $(OLDEST_STAMP)
 
 install-oldest: $(OLDEST_STAMP)
+
+$(CONF_STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(CONF_VENV)
+	$(CONF_PY) -m pip install -q --upgrade pip
+	$(CONF_PY) -m pip install -q -c constraints.txt -e ".[dev,smax,conformance]"
+	touch $(CONF_STAMP)
 
 ## Main job: PPO on CartPole-v1 until the mean return reaches 450.
 train: $(STAMP)
@@ -71,16 +82,15 @@ test-learning: $(STAMP)
 conformance: $(STAMP)
 	$(VENV)/bin/pytest -q -m "not conformance_all" tests/conformance/test_rllib_examples.py
 
-conformance-all: $(STAMP)
-	$(PIP) install -q -c constraints.txt -e ".[conformance]"
-	$(VENV)/bin/pytest -q -m "conformance or not conformance" tests/conformance/test_rllib_examples.py
+conformance-all: $(CONF_STAMP)
+	$(CONF_VENV)/bin/pytest -q -m "conformance or not conformance" tests/conformance/test_rllib_examples.py
 
-conformance-table: $(STAMP)
-	$(PY) -m tests.conformance.rllib_examples --json benchmarks/results/conformance/rllib_examples.json
+conformance-table: $(CONF_STAMP)
+	$(CONF_PY) -m tests.conformance.rllib_examples --json benchmarks/results/conformance/rllib_examples.json
 
 bench: $(STAMP)
 	$(PY) benchmarks/gae.py
 	$(PY) benchmarks/train_cartpole.py
 
 clean:
-	rm -rf $(VENV) $(OLDEST_VENV) .pytest_cache .ruff_cache .mypy_cache *.egg-info
+	rm -rf $(VENV) $(OLDEST_VENV) $(CONF_VENV) .pytest_cache .ruff_cache .mypy_cache *.egg-info

@@ -193,7 +193,8 @@ EXAMPLES = (
     Example(
         "rl_modules/migrate_modelv2_to_new_api_stack_by_policy_checkpoint.py", script_flags=False
     ),
-    Example("ray_serve/ray_serve_with_rllib.py"),
+    # It takes its checkpoint from Tune's results; `--no-render`: no display here.
+    Example("ray_serve/ray_serve_with_rllib.py", ("--no-render",), tune=True),
 )
 
 
@@ -435,6 +436,10 @@ def run_example(example: Example, mode: str, *, iters: int = 2, timeout: float =
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            # The venv's commands (ray_serve_with_rllib starts `serve run`) without an activate.
+            "PATH": os.pathsep.join(
+                filter(None, [str(Path(sys.executable).parent), os.environ.get("PATH")])
+            ),
             "RAY_DEDUP_LOGS": "0",
             "RAY_AIR_NEW_OUTPUT": "0",
             # Both runs hash strings alike: RLlib iterates sets of module / agent IDs, and with
