@@ -175,7 +175,9 @@ EXAMPLES = (
         "offline_rl/cartpole_recording.py",
         ("--stop-timesteps", "2000"),
         tune=True,
-        num_cpus=6,  # its recording stage evaluates on 5 remote env runners
+        # Its recording stage evaluates on 5 remote env runners, whose writes at stop() run Ray
+        # Data tasks that need a CPU of their own.
+        num_cpus=8,
     ),
     Example("offline_rl/train_w_bc_finetune_w_ppo.py"),
     Example(
