@@ -506,8 +506,8 @@ class Row:
 
     @property
     def conforms(self) -> bool:
-        if not self.stock_ok:
-            return True  # nothing to conform to (the table says so)
+        if not self.stock_ok:  # nothing to conform to beyond the iterations both ran
+            return not (self.missing_keys or self.unknown_keys or self.identical_first is False)
         return (
             self.ext_ok
             and not self.missing_keys
@@ -590,7 +590,14 @@ def compare(example: str, stock: Run, ext: Run, *, stats: tuple[str, ...] = EPIS
     """Stock and rllib_ext runs of one example side by side (``stats``: the first iteration's
     episode statistics that must be equal)."""
     stock_keys, ext_keys = _last_keys(stock), _last_keys(ext)
-    both = stock.ok and ext.ok
+    # Both trained, then failed the same way (a script's own step after training): their
+    # iterations are still compared.
+    alike = (
+        not (stock.ok or ext.ok)
+        and bool(stock.iterations and ext.iterations)
+        and error_line(stock) == error_line(ext)
+    )
+    both = (stock.ok and ext.ok) or alike
     missing = unexplained_missing(stock_keys - ext_keys, ext_keys) if both else []
     unknown = sorted(k for k in ext_keys - stock_keys if not documented_extra(k)) if both else []
     identical: bool | None = None
@@ -604,13 +611,15 @@ def compare(example: str, stock: Run, ext: Run, *, stats: tuple[str, ...] = EPIS
     note = ""
     if stock.ok and not ext.ok:
         note = error_line(ext)
+    elif alike:
+        note = f"both fail alike after training: {error_line(stock)}"
     elif not stock.ok:
         note = f"stock: {error_line(stock)}"
     return Row(
         example,
         stock.ok,
         ext.ok,
-        our_path(ext) if ext.ok else "-",
+        our_path(ext) if both else "-",
         missing,
         unknown,
         identical,

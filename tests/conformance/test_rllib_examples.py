@@ -76,6 +76,24 @@ def test_a_failed_rllib_ext_run_does_not_conform_a_failed_stock_run_is_reported(
     assert "| no |" not in rx.table([row]) and "**no**" in rx.table([row])
 
 
+def test_runs_that_fail_alike_after_training_are_still_compared() -> None:
+    def failed(mode: str, **kw: object) -> rx.Run:
+        done = run(mode, **kw)  # type: ignore[arg-type]
+        done.returncode, done.tail = 1, "Traceback\nFileNotFoundError: /tmp/cartpole"
+        return done
+
+    row = rx.compare("x", failed("stock"), failed("rllib_ext"))
+    assert row.conforms and row.identical_first and not row.stock_ok
+    assert row.note == "both fail alike after training: FileNotFoundError: /tmp/cartpole"
+    row = rx.compare(
+        "x", failed("stock"), failed("rllib_ext", keys=("a", "env_runners/b", "env_runners/new"))
+    )
+    assert not row.conforms and row.unknown_keys == ["env_runners/new"]
+    other = failed("rllib_ext")
+    other.tail = "ValueError: boom"
+    assert rx.compare("x", failed("stock"), other).conforms  # not alike: stock's failure shown
+
+
 def test_our_path_names_fallback_reason_and_rllib_rule() -> None:
     fell_back = run("rllib_ext", fused_sampling=0.0)
     fell_back.fallbacks = ["module computes actions"]
