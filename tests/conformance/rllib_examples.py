@@ -503,6 +503,8 @@ class Row:
     """Why rllib_ext's (or stock's) run failed."""
     compared: str = ""
     """What the identical-first-iteration column compared, where not every statistic."""
+    failed_alike: bool = False
+    """Both runs trained, then failed the same way: their iterations were compared."""
 
     @property
     def conforms(self) -> bool:
@@ -626,6 +628,7 @@ def compare(example: str, stock: Run, ext: Run, *, stats: tuple[str, ...] = EPIS
         round(stock.seconds + ext.seconds, 1),
         note,
         compared,
+        alike,
     )
 
 
@@ -653,7 +656,7 @@ def table(rows: Iterable[Row]) -> str:
         keys = "yes" if not (row.missing_keys or row.unknown_keys) else "**no**"
         if row.missing_keys or row.unknown_keys:
             keys += f" (missing {row.missing_keys}, extra {row.unknown_keys})"
-        if not (row.stock_ok and row.ext_ok):
+        if not (row.stock_ok and row.ext_ok or row.failed_alike):
             keys = "n/a"
         path = row.path + (f" ({row.note})" if row.note else "")
         lines.append(

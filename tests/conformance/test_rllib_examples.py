@@ -85,6 +85,7 @@ def test_runs_that_fail_alike_after_training_are_still_compared() -> None:
     row = rx.compare("x", failed("stock"), failed("rllib_ext"))
     assert row.conforms and row.identical_first and not row.stock_ok
     assert row.note == "both fail alike after training: FileNotFoundError: /tmp/cartpole"
+    assert "| **no** | **no** | yes | " in rx.table([row])  # keys compared
     row = rx.compare(
         "x", failed("stock"), failed("rllib_ext", keys=("a", "env_runners/b", "env_runners/new"))
     )
