@@ -175,8 +175,8 @@ EXAMPLES = (
         "offline_rl/cartpole_recording.py",
         ("--stop-timesteps", "2000"),
         tune=True,
-        # Its recording stage evaluates on 5 remote env runners, whose writes at stop() run Ray
-        # Data tasks that need a CPU of their own.
+        # Its recording stage starts Ray again and evaluates on 5 remote env runners: with Ray's
+        # 2 CPUs of this machine they never start (the runs waited until the timeout).
         num_cpus=8,
     ),
     Example("offline_rl/train_w_bc_finetune_w_ppo.py"),
