@@ -20,7 +20,8 @@ Variants, each in a fresh process (``--variants``):
 
 RLlib rows time ``algo.learner_group.update(episodes=...)`` on one fixed sampled batch (the
 learner connector, GAE included, is part of the update; its lr schedule, metrics and minibatch
-iterator are RLlib's). Per row: ``first_s`` (the first update: compilation included),
+iterator are RLlib's). Per row: ``first_s`` (the first timed update: compilation included for
+the bare rows; RLlib compiles from the second minibatch of its warm-up ``train()`` on),
 ``median_s`` / ``min_s`` over ``--updates`` further updates, ``graphs`` and ``graph_breaks``
 (torch._dynamo's counters; 0 for eager), ``threads`` (``torch.get_num_threads()`` in force).
 
@@ -127,7 +128,8 @@ def _bare_parts(seed: int) -> tuple[Any, Any, dict[str, Any]]:
     return nets, torch, data
 
 
-def _bare_step_fn(nets: Any, torch: Any, compiled: bool) -> tuple[Any, Any]:
+def _bare_step_fn(nets: Any, torch: Any, compiled: bool) -> Any:
+    """One minibatch step of ``nets`` with its own Adam (compiled: under ``torch.compile``)."""
     params = list(nets.parameters())
     if compiled:
         optim = torch.optim.Adam(params, lr=torch.tensor(PPO["lr"]), capturable=True)
@@ -149,7 +151,7 @@ def _bare_step_fn(nets: Any, torch: Any, compiled: bool) -> tuple[Any, Any]:
         optim.step()
         return loss.detach()
 
-    return (torch.compile(step) if compiled else step), optim
+    return torch.compile(step) if compiled else step
 
 
 COLUMNS = ("obs", "actions", "logp", "advantages", "targets", "values")
@@ -168,7 +170,7 @@ def bare_update(variant: str, updates: int) -> dict[str, Any]:
     """The plain-torch update (see the module docstring), 80 minibatch steps per update."""
     compiled = variant == "bare-compiled"
     nets, torch, data = _bare_parts(seed=0)
-    step, _ = _bare_step_fn(nets, torch, compiled)
+    step = _bare_step_fn(nets, torch, compiled)
     generator = torch.Generator().manual_seed(0)
     row = {**_timed(lambda: _one_update(step, torch, data, generator), updates), **_dynamo_counts()}
     if compiled:
@@ -181,7 +183,7 @@ def _eager_vs_compiled() -> float:
     results = []
     for compiled in (False, True):
         nets, torch, data = _bare_parts(seed=1)
-        step, _ = _bare_step_fn(nets, torch, compiled)
+        step = _bare_step_fn(nets, torch, compiled)
         _one_update(step, torch, data, torch.Generator().manual_seed(1))
         results.append([p.detach().clone() for p in nets.parameters()])
     return max(float((a - b).abs().max()) for a, b in zip(*results, strict=True))
