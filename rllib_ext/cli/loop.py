@@ -11,7 +11,8 @@ import logging
 import math
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -144,22 +145,13 @@ def run_training_loop(
 
     def commit() -> Path:
         state = segment.state(iteration=algo.iteration, env_steps=env_steps, run_dir=run_dir)
-        return commit_checkpoint(algo, checkpoint_dir, settings=settings.to_dict(), state=state)
+        with _lost_member_ends_run(f"saving checkpoint {algo.iteration}", checkpoint_dir, run_dir):
+            return commit_checkpoint(algo, checkpoint_dir, settings=settings.to_dict(), state=state)
 
     try:
         while True:
-            try:
+            with _lost_member_ends_run(f"iteration {algo.iteration + 1}", checkpoint_dir, run_dir):
                 result = algo.train()
-            except Exception as exc:
-                lost = lost_cluster_member(exc)
-                if lost is None:
-                    raise
-                raise CLIError(
-                    f"a Ray node or actor of this run was lost in iteration {algo.iteration + 1} "
-                    f"({lost}). Last complete checkpoint: {scan(checkpoint_dir).newest or 'none'}. "
-                    "Fix: bring the node back (ray start --address ...) or lower --num-learners/"
-                    f"--num-env-runners, then continue with --resume {run_dir}."
-                ) from None
             elapsed = time.perf_counter() - segment.started
             steps = env_steps_of(result)
             episode_return = episode_return_of(result)
@@ -205,6 +197,28 @@ def run_training_loop(
         checkpoint = commit()
     state = segment.state(iteration=logged_iteration, env_steps=env_steps, run_dir=run_dir)
     return LoopOutcome(result, reason, checkpoint, state)
+
+
+@contextmanager
+def _lost_member_ends_run(phase: str, checkpoint_dir: Path, run_dir: Path) -> Iterator[None]:
+    """Turns a lost node or actor (:func:`lost_cluster_member`) during ``phase`` into the run's
+    one-line :class:`CLIError` naming the last complete checkpoint; any other error passes as is.
+
+    A checkpoint commit interrupted this way leaves only its temporary directory, so "last
+    complete" is read after the failure.
+    """
+    try:
+        yield
+    except Exception as exc:
+        lost = lost_cluster_member(exc)
+        if lost is None:
+            raise
+        raise CLIError(
+            f"a Ray node or actor of this run was lost in {phase} "
+            f"({lost}). Last complete checkpoint: {scan(checkpoint_dir).newest or 'none'}. "
+            "Fix: bring the node back (ray start --address ...) or lower --num-learners/"
+            f"--num-env-runners, then continue with --resume {run_dir}."
+        ) from None
 
 
 _PEER_LOST = ("Connection closed by peer", "Connection reset by peer")

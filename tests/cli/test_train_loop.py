@@ -317,3 +317,43 @@ def test_settings_defaults_match_the_option_table() -> None:
         assert getattr(defaults, option.key) == option.default, option.key
     assert math.isfinite(defaults.stop_reward)
     assert RUN_STATE_FILE != SETTINGS_FILE
+
+
+class _NodeLostWhileSaving(FakeAlgo):
+    """``save_to_path`` of iteration ``lost_at`` fails as RLlib's learner group does when a
+    learner's node died mid-save (its ``get_state`` call raises ``ActorUnavailableError``)."""
+
+    lost_at = 4
+
+    def save_to_path(self, path: str) -> str:
+        from ray.exceptions import ActorUnavailableError
+
+        if self.iteration == self.lost_at:
+            Path(path).mkdir(parents=True)  # the partial save RLlib leaves behind
+            raise ActorUnavailableError("RpcError: Connection reset by peer", b"\x00" * 16)
+        return super().save_to_path(path)
+
+
+def test_a_node_lost_while_saving_ends_in_one_line_naming_the_last_complete_checkpoint(
+    tmp_path: Path,
+) -> None:
+    algo = _NodeLostWhileSaving([1.0] * 10)
+    with pytest.raises(CLIError) as info:
+        _loop(algo, tmp_path, checkpoint_freq=2)
+    message = str(info.value)
+    assert message.startswith("a Ray node or actor of this run was lost in saving checkpoint 4")
+    assert "ActorUnavailableError" in message
+    newest = (tmp_path / "checkpoints" / "iter_000002").resolve()
+    assert f"Last complete checkpoint: {newest}." in message
+    assert f"--resume {tmp_path}." in message
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+    assert scan(tmp_path / "checkpoints").newest == newest
+
+
+def test_a_bug_while_saving_is_not_called_a_lost_node(tmp_path: Path) -> None:
+    class _Broken(FakeAlgo):
+        def save_to_path(self, path: str) -> str:
+            raise ValueError("bad state")
+
+    with pytest.raises(ValueError, match="bad state"):
+        _loop(_Broken([1.0] * 10), tmp_path, checkpoint_freq=1)
