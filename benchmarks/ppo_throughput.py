@@ -13,7 +13,9 @@ lr 3e-4, gamma 0.99, lambda 0.95, clip 0.2, value coefficient 0.5, gradient-norm
 term, no entropy bonus, local sampling (``num_env_runners=0``, what ``rllib-ext train`` does).
 
 * **end to end**: env steps per second over ``--iters`` iterations after one warm-up iteration
-  (RLlib: ``algo.train()``; SB3: ``learn()``);
+  (RLlib: ``algo.train()``; SB3: ``learn()``); RLlib rows also give the warm-up iteration's
+  seconds (``first_iter_s``: build-time work and, for ``rllib-ext-compiled``
+  (``compile_update=True``), the compile);
 * **sampling alone**: env steps per second of the sampling part: RLlib's env runner
   ``sample(num_timesteps=2000)`` calls, SB3's ``collect_rollouts`` (its ``learn`` minus ``train``).
 * ``--to-450 SEEDS``: CartPole-v1 wall time and env steps until the mean return of the last
@@ -40,7 +42,7 @@ from typing import Any
 
 from run_header import append_rows, run_header
 
-FRAMEWORKS = ("stock", "rllib-ext", "sb3")
+FRAMEWORKS = ("stock", "rllib-ext", "rllib-ext-compiled", "sb3")
 ENVS = ("CartPole-v1", "Acrobot-v1", "HalfCheetah-v5")
 NUM_ENVS, STEPS_PER_ENV = 8, 250
 BATCH = NUM_ENVS * STEPS_PER_ENV
@@ -49,10 +51,14 @@ EPOCHS, MINIBATCH = 10, 250
 
 
 def _rllib_config(framework: str, env: str, seed: int) -> Any:
-    if framework == "rllib-ext":
+    if framework.startswith("rllib-ext"):
         from rllib_ext import PPOConfig
+
+        ext = {"compile_update": framework == "rllib-ext-compiled"}
     else:
         from ray.rllib.algorithms.ppo import PPOConfig
+
+        ext = {}
     return (
         PPOConfig()
         .environment(env)
@@ -73,6 +79,7 @@ def _rllib_config(framework: str, env: str, seed: int) -> Any:
             train_batch_size=BATCH,
             minibatch_size=MINIBATCH,
             num_epochs=EPOCHS,
+            **ext,
         )
         .rl_module(model_config={"fcnet_hiddens": [256, 256], "fcnet_activation": "tanh"})
         .debugging(seed=seed, log_level="ERROR")
@@ -130,7 +137,9 @@ def throughput(framework: str, env: str, iters: int) -> dict[str, Any]:
         return dict(end_to_end=BATCH * iters / total, sampling=BATCH * iters / sampling)
     algo = _rllib_config(framework, env, seed=0).build_algo()
     try:
+        start = time.perf_counter()
         warm_up = algo.train()
+        first_iter_s = time.perf_counter() - start
         steps0 = warm_up["env_runners"]["num_env_steps_sampled_lifetime"]
         start = time.perf_counter()
         for _ in range(iters):
@@ -142,7 +151,12 @@ def throughput(framework: str, env: str, iters: int) -> dict[str, Any]:
         start = time.perf_counter()
         sampled = sum(sum(len(e) for e in runner.sample(num_timesteps=BATCH)) for _ in range(iters))
         sampling = time.perf_counter() - start
-        return dict(end_to_end=steps / total, sampling=sampled / sampling, fused_sampling=fused)
+        return dict(
+            end_to_end=steps / total,
+            sampling=sampled / sampling,
+            fused_sampling=fused,
+            first_iter_s=first_iter_s,
+        )
     finally:
         algo.stop()
 
@@ -195,7 +209,7 @@ def _header(args: argparse.Namespace) -> dict[str, Any]:
 def _worker(task: dict[str, Any]) -> dict[str, Any]:
     """One measurement in this (fresh) process: rllib-ext is imported first for its own rows
     (as a user's script would), never for the others."""
-    if task["framework"] == "rllib-ext":
+    if task["framework"].startswith("rllib-ext"):
         import rllib_ext  # noqa: F401
     import ray
 

@@ -9,6 +9,8 @@ Variants, each in a fresh process (``--variants``):
 
 * ``stock``: RLlib's ``PPOTorchLearner``;
 * ``rllib-ext``: ``rllib_ext.PPOConfig``'s defaults;
+* ``rllib-ext-compile_update``: the same with ``compile_update=True`` (the minibatch's forward
+  and PPO loss as one graph, its backward with it; ``rllib_ext.learners.compiled_loss``);
 * ``rllib-ext-compiled``: the same with RLlib's own whole-update compile
   (``.framework(torch_compile_learner=True,
   torch_compile_learner_what_to_compile="complete_update")``, inductor);
@@ -45,7 +47,14 @@ from typing import Any
 from ppo_throughput import BATCH, EPOCHS, MINIBATCH, PPO, _rllib_config
 from run_header import append_rows, run_header
 
-VARIANTS = ("stock", "rllib-ext", "rllib-ext-compiled", "bare-eager", "bare-compiled")
+VARIANTS = (
+    "stock",
+    "rllib-ext",
+    "rllib-ext-compile_update",
+    "rllib-ext-compiled",
+    "bare-eager",
+    "bare-compiled",
+)
 HIDDEN, OBS, ACTIONS = 256, 4, 2
 
 
@@ -76,6 +85,8 @@ def rllib_update(variant: str, updates: int, threads: int) -> dict[str, Any]:
     config = _rllib_config("stock" if variant == "stock" else "rllib-ext", "CartPole-v1", seed=0)
     if variant != "stock":
         config.training(cpu_threads=threads)
+    if variant == "rllib-ext-compile_update":
+        config.training(compile_update=True)
     if variant == "rllib-ext-compiled":
         config.framework(
             torch_compile_learner=True,

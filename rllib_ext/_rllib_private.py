@@ -31,6 +31,7 @@ __all__ += ["reload_ray_config", "runner_callbacks", "runner_seed", "set_episode
 __all__ += ["set_needs_initial_reset", "torch_grad_scaler_class", "torch_lr_scheduler_classes"]
 __all__ += ["try_env_reset", "try_env_step", "user_model_config", "weights_seq_no"]
 __all__ += ["with_metrics_state_stats", "cyclic_iterator_settings", "logged_stats_kind"]
+__all__ += ["compute_off_policyness"]
 
 _LEARNER = "ray.rllib.core.learner.learner:Learner"
 _PPO_LEARNER = "ray.rllib.algorithms.ppo.ppo_learner:PPOLearner"
@@ -72,6 +73,8 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     PrivateName(_TORCH_LEARNER, "_params", "attribute", "learners/ppo.py: AMP unscaled grads"),
     PrivateName(_TORCH_LEARNER, "_module_optimizers", "attribute", "learners/ppo.py: AMP"),
     PrivateName(_LEARNER, "_create_iterator_if_necessary", "method", "learners/ppo.py"),
+    PrivateName(_TORCH_LEARNER, "_uncompiled_update", "method", "learners/ppo.py: AMP, compile"),
+    PrivateName(_TORCH_LEARNER, "_compute_off_policyness", "method", "learners/ppo.py: compile"),
     *(
         PrivateName(_CYCLIC_ITERATOR, f"_{name}", "attribute", "learners/minibatches.py")
         for name in _CYCLIC_ITERATOR_SETTINGS
@@ -139,6 +142,11 @@ def missing_private_names(
 def learner_connector(learner: Any) -> Any:
     """The learner's connector pipeline (``None`` with aggregator actors)."""
     return learner._learner_connector
+
+
+def compute_off_policyness(learner: Any, batch: Any) -> None:
+    """Logs the minibatch's off-policyness as ``TorchLearner``'s update step does."""
+    learner._compute_off_policyness(batch)
 
 
 def learner_index(learner: Any) -> int:

@@ -129,6 +129,15 @@ class UpdateSettings:
     minibatches' metrics handed to the ``MetricsLogger`` once per update
     (``rllib_ext.learners.deferred_metrics``). ``False``: RLlib's update as it is."""
 
+    compile_update: bool = False
+    """Each minibatch's module forward and PPO loss as one ``torch.compile`` graph (inductor),
+    its backward compiled with it; the gradient stages after it as without
+    (``rllib_ext.learners.compiled_loss``). The same update within fp32 rounding. The first
+    update pays the compile (seconds to tens of seconds on a CPU). RLlib's eager step runs
+    instead, with a warning and ``learners/__all_modules__/rllib_ext/compiled_update`` 0, for
+    several modules, stateful modules, ``num_learners >= 2``, AMP, value normalisation, a
+    learner overriding the loss, or where the compile fails."""
+
     cpu_threads: int = field(default=0, metadata=_bounds(integer=True, ge=0))
     """torch's intra-op threads in a process where the learner runs on the CPU, set with
     ``torch.set_num_threads`` (``rllib_ext._threads``). ``0`` (auto): where ``OMP_NUM_THREADS``

@@ -43,6 +43,7 @@ from rllib_ext.learners.checkpoint_state import (
     split_metrics_state,
 )
 from rllib_ext.learners.comm import CommCompression
+from rllib_ext.learners.compiled_loss import CompiledPPOLoss
 from rllib_ext.learners.deferred_metrics import deferred_metrics
 from rllib_ext.learners.gradient_step import GradientStep
 from rllib_ext.learners.minibatches import indexed_or_rllib
@@ -102,6 +103,7 @@ class PPOExtTorchLearner(PPOTorchLearner):
             self, amp=self.amp, comm=self.comm, lean_update=self.ext_settings.update.lean_update
         )
         self._minibatch_fallbacks: set[str] = set()
+        self.compiled_loss = self._compiled_loss()
         install_compiled_gae(self, self.ext_settings.gae)
         install_vectorized_batching_pieces(self, self.ext_settings.batching)
         install_module_options(self)
@@ -116,7 +118,14 @@ class PPOExtTorchLearner(PPOTorchLearner):
         spec = super().add_module(**kwargs)
         self.comm.register(self.module)
         install_module_options(self)
+        self.compiled_loss = self._compiled_loss()
         return spec
+
+    def _compiled_loss(self) -> CompiledPPOLoss | None:
+        """``compile_update``: the compiled forward and loss (``None`` where off)."""
+        if not self.ext_settings.update.compile_update:
+            return None
+        return CompiledPPOLoss(self, PPOExtTorchLearner.compute_loss_for_module)
 
     # -- loss -------------------------------------------------------------------------------
 
@@ -165,6 +174,8 @@ class PPOExtTorchLearner(PPOTorchLearner):
         with deferred_metrics(self) if lean_update else contextlib.nullcontext():
             if self.device.type == "cpu":
                 self.metrics.log_value((ALL_MODULES, CPU_THREADS_KEY), threads, window=1)
+            if self.compiled_loss is not None:
+                self.compiled_loss.log_mode()
             return super().update(*args, **kwargs)
 
     @override(Learner)
@@ -188,7 +199,15 @@ class PPOExtTorchLearner(PPOTorchLearner):
 
     @override(TorchLearner)
     def _uncompiled_update(self, batch: dict, **kwargs: Any) -> tuple[Any, Any, dict]:
-        """TorchLearner's update step, entered under autocast when AMP is on."""
+        """TorchLearner's update step, entered under autocast when AMP is on; with
+        ``compile_update``, the compiled forward and loss followed by the same gradient seams
+        (``TorchLearner._uncompiled_update``'s order, single learner, so no ``no_sync``)."""
+        losses = None if self.compiled_loss is None else self.compiled_loss.losses(batch)
+        if losses is not None:
+            private.compute_off_policyness(self, batch)
+            gradients = self.compute_gradients(losses)
+            self.apply_gradients(self.postprocess_gradients(gradients))
+            return {}, losses, {}
         if not self.amp.enabled:
             return super()._uncompiled_update(batch, **kwargs)
         with self.amp.autocast():
