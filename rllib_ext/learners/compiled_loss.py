@@ -23,8 +23,10 @@ update is RLlib's eager one: a :class:`EagerUpdate` warning once per reason, and
 ``learners/__all_modules__/rllib_ext/compiled_update`` is 0.0 (1.0 where compiled).
 
 Cost: the first update traces and compiles (seconds to tens of seconds on a CPU, cached on
-disk by inductor for later processes); measured in ``benchmarks/README.md``, "One learner
-update, eager and compiled".
+disk by inductor for later processes), and so does the first update at each further torch
+thread count (inductor's CPU kernels are built for one; ``cpu_threads=0`` switches between 1 and
+2, so up to two graphs). Measured in ``benchmarks/README.md``, "One learner update, eager and
+compiled".
 """
 
 from __future__ import annotations
