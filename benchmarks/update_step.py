@@ -20,9 +20,11 @@ Variants, each in a fresh process (``--variants``):
   so no minibatch recompiles). Their rows also carry ``max_abs_diff``: the largest parameter
   difference between the eager and the compiled step after one update from the same start.
 
-RLlib rows time ``algo.learner_group.update(episodes=...)`` on one fixed sampled batch (the
-learner connector, GAE included, is part of the update; its lr schedule, metrics and minibatch
-iterator are RLlib's). Per row: ``first_s`` (the first timed update: compilation included for
+RLlib rows time ``algo.learner_group.update(episodes=...)`` on one fixed sampled batch, a fresh
+copy per update (the learner connector, GAE included, is part of the update; its lr schedule,
+metrics and minibatch iterator are RLlib's; ``rows``: the env steps plus the one bootstrap row per
+episode chunk that RLlib's connector appends, so RLlib rows run ``ceil(rows * 10 / 250)`` minibatch
+steps where the bare rows run 80). Per row: ``first_s`` (the first timed update: compilation included for
 the bare rows; RLlib compiles from the second minibatch of its warm-up ``train()`` on),
 ``median_s`` / ``min_s`` over ``--updates`` further updates, ``graphs`` and ``graph_breaks``
 (torch._dynamo's counters; 0 for eager), ``threads`` (``torch.get_num_threads()`` in force).
@@ -36,6 +38,7 @@ Command (2-core machine; run alone, under the lock)::
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import subprocess
@@ -97,17 +100,22 @@ def rllib_update(variant: str, updates: int, threads: int) -> dict[str, Any]:
     try:
         algo.train()  # RLlib updates uncompiled once after build (TorchLearner._update)
         episodes = algo.env_runner.sample(num_timesteps=BATCH)
+        # The learner connector appends a bootstrap step to each episode in place: every update
+        # gets its own copy (made before the clock starts), so each trains on the same rows.
+        copies = [copy.deepcopy(episodes) for _ in range(updates + 1)]
 
         def update() -> None:
             algo.learner_group.update(
-                episodes=episodes,
+                episodes=copies.pop(),
                 timesteps={},
                 num_epochs=EPOCHS,
                 minibatch_size=MINIBATCH,
                 shuffle_batch_per_epoch=True,
             )
 
-        return {**_timed(update, updates), **_dynamo_counts()}
+        # Rows per update: the env steps plus one bootstrap row per episode chunk.
+        rows = sum(len(e) for e in episodes) + len(episodes)
+        return {**_timed(update, updates), **_dynamo_counts(), "rows": rows}
     finally:
         algo.stop()
 

@@ -75,7 +75,9 @@ def test_ppo_loss_equals_rllibs_loss_on_a_masked_minibatch(env, training):
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
     assert set(stats) <= set(logged)
     for key, value in stats.items():
-        assert float(value.detach()) == pytest.approx(float(logged[key]), rel=1e-5, abs=1e-6), key
+        assert float(value.detach()) == pytest.approx(
+            float(torch.as_tensor(logged[key]).detach()), rel=1e-5, abs=1e-6
+        ), key
 
 
 @pytest.mark.parametrize(
