@@ -207,12 +207,21 @@ class CompiledPPOLoss:
             (ALL_MODULES, COMPILED_UPDATE_KEY), float(self._compiled is not None), window=1
         )
 
+    def _eager(self, why: str) -> None:
+        """This minibatch runs RLlib's eager step: warned once per reason, reported as 0."""
+        self._warn(why)
+        self._learner.metrics.log_value((ALL_MODULES, COMPILED_UPDATE_KEY), 0.0, window=1)
+
     def losses(self, batch: Mapping[ModuleID, Any]) -> dict[ModuleID, torch.Tensor] | None:
-        if self._compiled is None or len(batch) != 1:
+        if self._compiled is None:
+            return None
+        if len(batch) != 1:
+            self._eager(f"a minibatch for {len(batch)} modules")
             return None
         ((module_id, module_batch),) = batch.items()
         mask = module_batch.get(Columns.LOSS_MASK)
         if mask is not None and mask.dtype != torch.bool:
+            self._eager(f"the loss mask is {mask.dtype}, not torch.bool")
             return None
         learner = self._learner
         module = learner.module[module_id].unwrapped()
@@ -233,8 +242,7 @@ class CompiledPPOLoss:
             first = (str(exc).strip().splitlines() or [""])[0][:200]
             self._compiled = None
             self.why_not = f"torch.compile failed ({type(exc).__name__}: {first})"
-            self._warn(self.why_not)
-            learner.metrics.log_value((ALL_MODULES, COMPILED_UPDATE_KEY), 0.0, window=1)
+            self._eager(self.why_not)
             return None
         self._traced = True
         learner.metrics.log_dict(stats, key=module_id, window=1)

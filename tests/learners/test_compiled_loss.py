@@ -180,3 +180,14 @@ def test_a_failed_compile_hands_the_minibatch_to_the_eager_step():
     assert results[f"{ALL_MODULES}/{COMPILED_UPDATE_KEY}"] == 0.0
     for name, value in eager.module[_MODULE].state_dict().items():
         torch.testing.assert_close(learner.module[_MODULE].state_dict()[name], value)
+
+
+def test_a_minibatch_it_cannot_take_runs_eagerly_with_a_warning():
+    learner = _learner(_config(PPOConfig, "CartPole-v1", compile_update=True))
+    float_mask = {_MODULE: {Columns.LOSS_MASK: torch.ones(4)}}
+    with pytest.warns(EagerUpdate, match="loss mask is torch.float32, not torch.bool"):
+        assert learner.compiled_loss.losses(float_mask) is None
+    assert learner.metrics.peek((ALL_MODULES, COMPILED_UPDATE_KEY)) == 0.0
+    two_modules = {"a": {}, "b": {}}
+    with pytest.warns(EagerUpdate, match="a minibatch for 2 modules"):
+        assert learner.compiled_loss.losses(two_modules) is None
