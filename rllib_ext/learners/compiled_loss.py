@@ -184,13 +184,13 @@ class CompiledPPOLoss:
     def __init__(self, learner: Any, rllib_ext_loss: Callable[..., Any]) -> None:
         self._learner = learner
         self._warned: set[str] = set()
-        self.why_not = why_not_compiled(learner, rllib_ext_loss)
         self._compiled: Callable[..., Any] | None = None
         self._traced = False
-        if self.why_not is None:
+        why_not = why_not_compiled(learner, rllib_ext_loss)
+        if why_not is None:
             self._compiled = torch.compile(ppo_loss, fullgraph=True)
         else:
-            self._warn(self.why_not)
+            self._warn(why_not)
 
     def _warn(self, why: str) -> None:
         if why not in self._warned:
@@ -241,8 +241,7 @@ class CompiledPPOLoss:
             # The trace failed before anything ran: the eager step takes this minibatch.
             first = (str(exc).strip().splitlines() or [""])[0][:200]
             self._compiled = None
-            self.why_not = f"torch.compile failed ({type(exc).__name__}: {first})"
-            self._eager(self.why_not)
+            self._eager(f"torch.compile failed ({type(exc).__name__}: {first})")
             return None
         self._traced = True
         learner.metrics.log_dict(stats, key=module_id, window=1)
