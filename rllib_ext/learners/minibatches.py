@@ -11,9 +11,14 @@ train batch and settings, without slicing and concatenating ``SampleBatch``es:
   state too;
 * each minibatch a ``MultiAgentBatch`` of ``SampleBatch``es with ``concat_samples``' flags
   (``num_grad_updates`` 0.0 where the batch has none) and the train batch's ``env_steps``;
-* each column gathered with one index per minibatch (``tensor[index]``, an index tensor on the
-  column's device; NumPy columns with a NumPy index);
-* at the end, each module batch left permuted as RLlib's in-place shuffles leave it.
+* each column gathered with one index per minibatch (``torch.index_select`` along the rows, an
+  index tensor on the column's device; NumPy columns with a NumPy index). ``index_select`` gives
+  what ``tensor[index]`` gives, bit for bit; on a CPU it copies whole rows where advanced
+  indexing computes an offset per element;
+* at the end, each module batch left permuted as RLlib's in-place shuffles leave it, where
+  anyone can see it (``leave_final_order``): a train batch that ``Learner.update`` built from
+  episodes in the same call is dropped when the update returns, so the learner skips that
+  permutation there (on a large batch it costs as much as a tenth of the update).
 
 Scope (:func:`why_not_indexed`): modules without a time rank (no ``seq_lens`` column, module not
 stateful) whose columns are torch tensors or NumPy arrays, possibly nested in dicts.
@@ -118,7 +123,7 @@ class _Cursor:
             if index is None:
                 index = torch.from_numpy(rows).to(value.device)
                 self._index_cache[value.device] = index
-            return value[index]
+            return torch.index_select(value, 0, index)
         return value[rows]
 
     def leave_in_final_order(self) -> None:
@@ -132,7 +137,8 @@ class _Cursor:
 class IndexedMinibatches:
     """RLlib's ``MiniBatchCyclicIterator(batch, num_epochs=..., minibatch_size=...,
     shuffle_batch_per_epoch=..., num_total_minibatches=...)`` by index gathers (see the module
-    docstring); iterate it once."""
+    docstring); iterate it once. ``leave_final_order=False``: ``batch`` is not permuted in place
+    at the end (for a batch no caller holds; the minibatches and NumPy's generator are the same)."""
 
     def __init__(
         self,
@@ -142,8 +148,10 @@ class IndexedMinibatches:
         minibatch_size: int,
         shuffle_batch_per_epoch: bool,
         num_total_minibatches: int = 0,
+        leave_final_order: bool = True,
     ) -> None:
         self.env_steps = len(batch)
+        self.leave_final_order = leave_final_order
         self.num_epochs = num_epochs
         self.minibatch_size = minibatch_size
         self.shuffle = shuffle_batch_per_epoch
@@ -187,16 +195,20 @@ class IndexedMinibatches:
                 yield MultiAgentBatch(minibatch, self.env_steps)
                 yielded += 1
         finally:
-            for cursor in self.cursors.values():
-                cursor.leave_in_final_order()
+            if self.leave_final_order:
+                for cursor in self.cursors.values():
+                    cursor.leave_in_final_order()
 
 
-def indexed_or_rllib(learner: Any, batch_iter: Iterable, warned: set[str]) -> Iterable:
+def indexed_or_rllib(
+    learner: Any, batch_iter: Iterable, warned: set[str], *, batch_is_callers: bool = True
+) -> Iterable:
     """:class:`IndexedMinibatches` in place of ``batch_iter`` where that is RLlib's
     ``MiniBatchCyclicIterator`` and :func:`why_not_indexed` finds nothing; else ``batch_iter``
     (RLlib's dummy iterator, a data iterator, nothing to update). Logs
     :data:`INDEXED_MINIBATCHES_KEY`; a :class:`RLlibMinibatches` warning once per reason in
-    ``warned`` (the learner's set)."""
+    ``warned`` (the learner's set). ``batch_is_callers=False`` (the update built the train batch
+    from episodes): the batch is not left in RLlib's final row order."""
     if type(batch_iter) is not MiniBatchCyclicIterator:
         return batch_iter
     settings = private.cyclic_iterator_settings(batch_iter)
@@ -211,4 +223,4 @@ def indexed_or_rllib(learner: Any, batch_iter: Iterable, warned: set[str]) -> It
                 stacklevel=2,
             )
         return batch_iter
-    return IndexedMinibatches(**settings)
+    return IndexedMinibatches(**settings, leave_final_order=batch_is_callers)

@@ -181,11 +181,17 @@ class PPOExtTorchLearner(PPOTorchLearner):
     @override(Learner)
     def _create_iterator_if_necessary(self, **kwargs: Any) -> Any:
         # RLlib's choice of iterator; with lean_update, its cyclic iterator's minibatches by
-        # index gathers in the same order (rllib_ext.learners.minibatches).
+        # index gathers in the same order (rllib_ext.learners.minibatches). A train batch the
+        # learner connector built from episodes here is RLlib's local: no caller sees its rows'
+        # final order.
         batch_iter = super()._create_iterator_if_necessary(**kwargs)
         if not self.ext_settings.update.lean_update:
             return batch_iter
-        return indexed_or_rllib(self, batch_iter, self._minibatch_fallbacks)
+        training_data = kwargs.get("training_data")
+        from_episodes = getattr(training_data, "episodes", None) is not None
+        return indexed_or_rllib(
+            self, batch_iter, self._minibatch_fallbacks, batch_is_callers=not from_episodes
+        )
 
     # -- update step ------------------------------------------------------------------------
 

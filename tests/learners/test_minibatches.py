@@ -3,7 +3,7 @@
 The same train batch and settings through both: every minibatch holds the same rows in the same
 order (torch, NumPy and nested columns), with the same flags and ``env_steps``; NumPy's global
 generator ends in the same state (RLlib's shuffles draw from it); the module batches are left in
-the same order. Batches the index path cannot reproduce get RLlib's iterator, a warning and the
+the same order, or untouched where the caller does not hold the batch. Batches the index path cannot reproduce get RLlib's iterator, a warning and the
 metric.
 """
 
@@ -110,6 +110,16 @@ def test_same_minibatches_as_rllibs_iterator(sizes, epochs, size, shuffle, total
         first = ours[0].policy_batches["p"]["actions"].tolist()
         later = ours[-1].policy_batches["p"]["actions"].tolist()
         assert later != sorted(later) or first != later
+    # A batch no caller holds (built from episodes in the update): the same minibatches and
+    # draws, and the batch is not permuted at the end.
+    kept_batch = _batch(sizes)
+    kept, kept_rng = _run(IndexedMinibatches, kept_batch, 5, **settings, leave_final_order=False)
+    for mine, reference in zip(kept, theirs, strict=True):
+        for mid, module_batch in reference.policy_batches.items():
+            _assert_same(dict(mine.policy_batches[mid]), dict(module_batch))
+    np.testing.assert_array_equal(kept_rng, their_rng)
+    for mid in sizes:
+        _assert_same(dict(kept_batch.policy_batches[mid]), dict(_batch(sizes).policy_batches[mid]))
 
 
 def test_empty_module_batch_raises_like_rllib():
@@ -155,8 +165,10 @@ def _cyclic(batch):
 def test_indexed_or_rllib_replaces_only_what_it_reproduces():
     learner, warned = _Learner(stateful=False), set()
     got = indexed_or_rllib(learner, _cyclic(_batch({"p": 10})), warned)
-    assert isinstance(got, IndexedMinibatches)
+    assert isinstance(got, IndexedMinibatches) and got.leave_final_order
     assert learner.metrics.peek((ALL_MODULES, INDEXED_MINIBATCHES_KEY)) == 1.0
+    internal = indexed_or_rllib(learner, _cyclic(_batch({"p": 10})), warned, batch_is_callers=False)
+    assert isinstance(internal, IndexedMinibatches) and not internal.leave_final_order
     other = [MultiAgentBatch({}, 0)]  # not RLlib's cyclic iterator: untouched, nothing logged
     assert indexed_or_rllib(_Learner(False), other, warned) is other
 
