@@ -89,12 +89,18 @@ _FIXED_COLUMNS = (
 def _slice(data: Any, start: int, stop: int) -> Any:
     if isinstance(data, np.ndarray):
         return data[start:stop]
+    if type(data) is dict:
+        # What tree.map_structure returns for a dict (its keys in their order), without its
+        # flatten/unflatten per call (one call per episode chunk and column).
+        return {key: _slice(value, start, stop) for key, value in data.items()}
     return tree.map_structure(lambda d: d[start:stop], data)
 
 
 def _concat(parts: list[Any]) -> Any:
     if isinstance(parts[0], np.ndarray):
         return np.concatenate(parts, axis=0)
+    if type(parts[0]) is dict:
+        return {key: _concat([part[key] for part in parts]) for key in parts[0]}
     # Nested (e.g. Dict observations): same structure as RLlib's ``batch`` utility.
     return tree.map_structure(lambda *leaves: np.concatenate(leaves, axis=0), *parts)
 
