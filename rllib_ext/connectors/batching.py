@@ -101,7 +101,7 @@ def _concat(parts: list[Any]) -> Any:
         return np.concatenate(parts, axis=0)
     if type(parts[0]) is dict:
         return {key: _concat([part[key] for part in parts]) for key in parts[0]}
-    # Nested (e.g. Dict observations): same structure as RLlib's ``batch`` utility.
+    # Other nests (tuples, dict subclasses): the structure RLlib's ``batch`` utility returns.
     return tree.map_structure(lambda *leaves: np.concatenate(leaves, axis=0), *parts)
 
 

@@ -18,7 +18,7 @@ train batch and settings, without slicing and concatenating ``SampleBatch``es:
 * at the end, each module batch left permuted as RLlib's in-place shuffles leave it, where
   anyone can see it (``leave_final_order``): a train batch that ``Learner.update`` built from
   episodes in the same call is dropped when the update returns, so the learner skips that
-  permutation there (on a large batch it costs as much as a tenth of the update).
+  permutation there (one gather of the whole batch).
 
 Scope (:func:`why_not_indexed`): modules without a time rank (no ``seq_lens`` column, module not
 stateful) whose columns are torch tensors or NumPy arrays, possibly nested in dicts.

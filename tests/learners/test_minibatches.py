@@ -3,8 +3,8 @@
 The same train batch and settings through both: every minibatch holds the same rows in the same
 order (torch, NumPy and nested columns), with the same flags and ``env_steps``; NumPy's global
 generator ends in the same state (RLlib's shuffles draw from it); the module batches are left in
-the same order, or untouched where the caller does not hold the batch. Batches the index path cannot reproduce get RLlib's iterator, a warning and the
-metric.
+the same order, or untouched where the caller does not hold the batch. Batches the index path
+cannot reproduce get RLlib's iterator, a warning and the metric.
 """
 
 from __future__ import annotations
