@@ -201,14 +201,14 @@ class IndexedMinibatches:
 
 
 def indexed_or_rllib(
-    learner: Any, batch_iter: Iterable, warned: set[str], *, batch_is_callers: bool = True
+    learner: Any, batch_iter: Iterable, warned: set[str], *, leave_final_order: bool = True
 ) -> Iterable:
     """:class:`IndexedMinibatches` in place of ``batch_iter`` where that is RLlib's
     ``MiniBatchCyclicIterator`` and :func:`why_not_indexed` finds nothing; else ``batch_iter``
     (RLlib's dummy iterator, a data iterator, nothing to update). Logs
     :data:`INDEXED_MINIBATCHES_KEY`; a :class:`RLlibMinibatches` warning once per reason in
-    ``warned`` (the learner's set). ``batch_is_callers=False`` (the update built the train batch
-    from episodes): the batch is not left in RLlib's final row order."""
+    ``warned`` (the learner's set). ``leave_final_order``: as :class:`IndexedMinibatches`'
+    (``False`` where the update built the train batch from episodes)."""
     if type(batch_iter) is not MiniBatchCyclicIterator:
         return batch_iter
     settings = private.cyclic_iterator_settings(batch_iter)
@@ -223,4 +223,4 @@ def indexed_or_rllib(
                 stacklevel=2,
             )
         return batch_iter
-    return IndexedMinibatches(**settings, leave_final_order=batch_is_callers)
+    return IndexedMinibatches(**settings, leave_final_order=leave_final_order)

@@ -190,7 +190,7 @@ class PPOExtTorchLearner(PPOTorchLearner):
         training_data = kwargs.get("training_data")
         from_episodes = getattr(training_data, "episodes", None) is not None
         return indexed_or_rllib(
-            self, batch_iter, self._minibatch_fallbacks, batch_is_callers=not from_episodes
+            self, batch_iter, self._minibatch_fallbacks, leave_final_order=not from_episodes
         )
 
     # -- update step ------------------------------------------------------------------------
