@@ -167,7 +167,9 @@ def test_indexed_or_rllib_replaces_only_what_it_reproduces():
     got = indexed_or_rllib(learner, _cyclic(_batch({"p": 10})), warned)
     assert isinstance(got, IndexedMinibatches) and got.leave_final_order
     assert learner.metrics.peek((ALL_MODULES, INDEXED_MINIBATCHES_KEY)) == 1.0
-    internal = indexed_or_rllib(learner, _cyclic(_batch({"p": 10})), warned, leave_final_order=False)
+    internal = indexed_or_rllib(
+        learner, _cyclic(_batch({"p": 10})), warned, leave_final_order=False
+    )
     assert isinstance(internal, IndexedMinibatches) and not internal.leave_final_order
     other = [MultiAgentBatch({}, 0)]  # not RLlib's cyclic iterator: untouched, nothing logged
     assert indexed_or_rllib(_Learner(False), other, warned) is other
