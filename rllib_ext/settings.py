@@ -138,6 +138,16 @@ class UpdateSettings:
     several modules, stateful modules, ``num_learners >= 2``, AMP, value normalisation, a
     learner overriding the loss, or where the compile fails."""
 
+    optimizers: Literal["module", "actor_critic"] = "module"
+    """Optimizers per module. ``"module"``: RLlib's one Adam over all of a module's parameters,
+    so ``grad_clip`` bounds the policy's and the critic's gradients together. ``"actor_critic"``:
+    two Adams per module, ``"critic"`` over the attributes the module names in
+    ``get_non_inference_attributes()`` (value head, critic encoders) and ``"policy"`` over the
+    rest, each clipped by ``grad_clip`` apart (RLlib clips per optimizer) with the config's
+    ``lr``: JaxMARL's and MAPPO's separate actor and critic optimizers
+    (``rllib_ext.learners.optimizer_groups``; results:
+    ``gradients_policy_global_norm`` / ``gradients_critic_global_norm``)."""
+
     cpu_threads: int = field(default=0, metadata=_bounds(integer=True, ge=0))
     """torch's intra-op threads in a process where the learner runs on the CPU, set with
     ``torch.set_num_threads`` (``rllib_ext._threads``). ``0`` (auto): where ``OMP_NUM_THREADS``

@@ -47,6 +47,7 @@ from rllib_ext.learners.compiled_loss import CompiledPPOLoss
 from rllib_ext.learners.deferred_metrics import deferred_metrics
 from rllib_ext.learners.gradient_step import GradientStep
 from rllib_ext.learners.minibatches import indexed_or_rllib
+from rllib_ext.learners.optimizer_groups import optimizer_groups
 from rllib_ext.learners.pipeline import (
     install_compiled_gae,
     install_module_options,
@@ -245,16 +246,22 @@ class PPOExtTorchLearner(PPOTorchLearner):
 
     @override(TorchLearner)
     def configure_optimizers_for_module(self, module_id: ModuleID, config: Any = None) -> None:
-        if not self.ext_settings.update.lean_update:
+        update = self.ext_settings.update
+        if not update.lean_update and update.optimizers == "module":
             return super().configure_optimizers_for_module(module_id, config)
-        # RLlib's optimizer (Adam, torch's defaults, the config's lr or schedule), fused.
-        params = self.get_parameters(self.module[module_id])
-        self.register_optimizer(
-            module_id=module_id,
-            optimizer=lean.adam(params),
-            params=params,
-            lr_or_lr_schedule=config.lr,
-        )
+        # RLlib's optimizer (Adam, torch's defaults, the config's lr or schedule), fused with
+        # lean_update; one per group of rllib_ext.learners.optimizer_groups.
+        adam = lean.adam if update.lean_update else torch.optim.Adam
+        module = self.module[module_id]
+        groups = optimizer_groups(module_id, module, self.get_parameters(module), update.optimizers)
+        for name, params in groups:
+            self.register_optimizer(
+                module_id=module_id,
+                optimizer_name=name,
+                optimizer=adam(params),
+                params=params,
+                lr_or_lr_schedule=config.lr,
+            )
 
     @override(TorchLearner)
     def _get_clip_function(self) -> Callable[..., Any]:

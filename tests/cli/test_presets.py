@@ -301,7 +301,7 @@ def test_stop_win_rate_is_a_fraction() -> None:
 def test_the_jaxmarl_mappo_preset_is_jaxmarls_recipe_in_rllib_terms() -> None:
     """``smax-jaxmarl-mappo`` (issue 37's head-to-head recipe): a GRU 128 module with a
     Dense 128 head, agent id in the critic's state, 128 battles x 128 steps per update, 4
-    epochs, lr 2e-3 -> 0, entropy 0, gradient norm 0.25, no value norm, no death masking, fp32;
+    epochs, lr 2e-3 -> 0, entropy 0, gradient norm 0.25 (actor and critic apart), no value norm, no death masking, fp32;
     the map comes from the user and the config passes RLlib's validation."""
     from rllib_ext.envs.smac.env_runner import SMAXVectorEnvRunner
     from rllib_ext.modules import MaskedRecurrentPPOTorchRLModule, masked_module_class
@@ -326,6 +326,7 @@ def test_the_jaxmarl_mappo_preset_is_jaxmarls_recipe_in_rllib_terms() -> None:
     )
     assert settings.extensions["amp"] is False  # fp32 where the map presets take bf16
     assert settings.extensions["standardize_advantages"] == "masked"  # no bootstrap rows
+    assert settings.extensions["optimizers"] == "actor_critic"  # JaxMARL's two train states
     config = _env_config(settings).rl_module(model_config=model).training(**training)
     config.validate()
     assert config.env_runner_cls is SMAXVectorEnvRunner

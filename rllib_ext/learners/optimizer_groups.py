@@ -1,0 +1,78 @@
+"""Which parameters each optimizer of a module steps (the ``optimizers`` setting).
+
+``"module"`` is RLlib's layout: one optimizer over all of a module's parameters (RLlib's
+``DEFAULT_OPTIMIZER``). ``"actor_critic"`` gives each module two: ``"critic"`` over the
+parameters of the attributes the module names in
+``InferenceOnlyAPI.get_non_inference_attributes()`` (the attributes an inference-only copy
+drops: the value head and the critic's encoders) and ``"policy"`` over all the others. RLlib's
+``Learner.postprocess_gradients_for_module`` clips each optimizer's gradients apart, and keeps
+each optimizer's learning rate (the config's ``lr`` or schedule) and Adam moments apart, so the
+critic's gradients no longer shrink the policy's under ``grad_clip``: JaxMARL's and MAPPO's
+separate actor and critic optimizers, through RLlib's own seam
+(``configure_optimizers_for_module``).
+
+A layer both heads read (``vf_share_layers=True``) is not in the critic's attributes: it steps
+with the policy and its gradients (from both losses) are clipped with the policy's.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from ray.rllib.core.learner.learner import DEFAULT_OPTIMIZER
+from ray.rllib.core.rl_module.apis import InferenceOnlyAPI
+
+__all__ = ["CRITIC_OPTIMIZER", "POLICY_OPTIMIZER", "optimizer_groups"]
+
+POLICY_OPTIMIZER = "policy"
+CRITIC_OPTIMIZER = "critic"
+
+
+def _attribute(module: Any, dotted: str) -> Any:
+    """``module.a.b`` for ``"a.b"``; ``None`` where a part is missing."""
+    return functools.reduce(lambda obj, name: getattr(obj, name, None), dotted.split("."), module)
+
+
+def _critic_parameters(module_id: str, module: Any) -> list[torch.nn.Parameter]:
+    if not isinstance(module, InferenceOnlyAPI):
+        raise ValueError(
+            f"optimizers='actor_critic' needs a module that names its critic's attributes; module "
+            f"{module_id!r} ({type(module).__name__}) does not implement RLlib's InferenceOnlyAPI. "
+            "Fix: implement get_non_inference_attributes() on it, or use optimizers='module'."
+        )
+    params: list[torch.nn.Parameter] = []
+    for name in module.get_non_inference_attributes():
+        part = _attribute(module, name)
+        if isinstance(part, torch.nn.Parameter):
+            params.append(part)
+        elif isinstance(part, torch.nn.Module):
+            params.extend(part.parameters())
+    return params
+
+
+def optimizer_groups(
+    module_id: str, module: Any, params: list[Any], layout: str
+) -> list[tuple[str, list[Any]]]:
+    """``[(optimizer_name, parameters)]`` for one module; ``params`` is the learner's
+    ``get_parameters(module)`` (every trainable parameter, in the learner's order), each one in
+    exactly one group, in that order.
+
+    Raises:
+        ValueError: ``"actor_critic"`` on a module without ``InferenceOnlyAPI``, or whose
+            critic attributes or policy hold no trainable parameter.
+    """
+    if layout == "module":
+        return [(DEFAULT_OPTIMIZER, list(params))]
+    critic_ids = {id(p) for p in _critic_parameters(module_id, module)}
+    critic = [p for p in params if id(p) in critic_ids]
+    policy = [p for p in params if id(p) not in critic_ids]
+    if not critic or not policy:
+        empty = "critic" if not critic else "policy"
+        raise ValueError(
+            f"optimizers='actor_critic' found no trainable {empty} parameter in module "
+            f"{module_id!r} ({type(module).__name__}; critic attributes "
+            f"{list(module.get_non_inference_attributes())}). Fix: use optimizers='module'."
+        )
+    return [(POLICY_OPTIMIZER, policy), (CRITIC_OPTIMIZER, critic)]
