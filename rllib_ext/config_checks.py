@@ -93,6 +93,12 @@ def check_algorithm_config(config: Any) -> ConfigCheck:
             "scalers would fight. Fix: remove _torch_grad_scaler_class; amp='fp16' brings its "
             "own GradScaler."
         )
+    if settings.update.num_minibatches and (config.num_learners or 0) >= 2:
+        raise ValueError(
+            f"num_minibatches={settings.update.num_minibatches} needs one learner; got "
+            f"num_learners={config.num_learners} (RLlib counts every learner's minibatches from "
+            "minibatch_size). Fix: set minibatch_size instead, or num_learners <= 1."
+        )
     if settings.amp.amp_inference:
         _check_amp_env_runner(config)
     _check_module_options_learner(config)

@@ -138,6 +138,14 @@ class UpdateSettings:
     several modules, stateful modules, ``num_learners >= 2``, AMP, value normalisation, a
     learner overriding the loss, or where the compile fails."""
 
+    num_minibatches: int = field(default=0, metadata=_bounds(integer=True, ge=0))
+    """Minibatches per epoch. ``0``: RLlib's ``minibatch_size`` (rows per minibatch). ``N``:
+    each update's minibatch size is the largest module's train batch rows divided by ``N``
+    (rounded up), so every epoch has ``N`` minibatches whatever the batch's agent count, as
+    JaxMARL's, MAPPO's and CleanRL's ``NUM_MINIBATCHES``; it replaces ``minibatch_size``,
+    which RLlib caps at ``train_batch_size`` (env steps, where a multi-agent module's batch
+    has agents x env steps rows). One learner only."""
+
     optimizers: Literal["module", "actor_critic"] = "module"
     """Optimizers per module. ``"module"``: RLlib's one Adam over all of a module's parameters,
     so ``grad_clip`` bounds the policy's and the critic's gradients together. ``"actor_critic"``:

@@ -26,6 +26,7 @@ stateful) whose columns are torch tensors or NumPy arrays, possibly nested in di
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -44,6 +45,7 @@ __all__ = [
     "RLlibMinibatches",
     "indexed_or_rllib",
     "why_not_indexed",
+    "with_num_minibatches",
 ]
 
 INDEXED_MINIBATCHES_KEY = "rllib_ext/indexed_minibatches"
@@ -224,3 +226,16 @@ def indexed_or_rllib(
             )
         return batch_iter
     return IndexedMinibatches(**settings, leave_final_order=leave_final_order)
+
+
+def with_num_minibatches(batch_iter: Iterable, num_minibatches: int) -> Iterable:
+    """``batch_iter`` (RLlib's ``MiniBatchCyclicIterator``, not started) rebuilt with a
+    minibatch size of ``ceil(rows / num_minibatches)``, ``rows`` the largest module batch's
+    ``len`` (time steps, padded sequences included): ``num_minibatches`` minibatches per epoch
+    in RLlib's own iterator and order. ``num_minibatches=0`` or another iterator: unchanged."""
+    if not num_minibatches or type(batch_iter) is not MiniBatchCyclicIterator:
+        return batch_iter
+    settings = private.cyclic_iterator_settings(batch_iter)
+    rows = max(len(b) for b in settings["batch"].policy_batches.values())
+    settings["minibatch_size"] = max(1, math.ceil(rows / num_minibatches))
+    return MiniBatchCyclicIterator(**settings)

@@ -46,7 +46,7 @@ from rllib_ext.learners.comm import CommCompression
 from rllib_ext.learners.compiled_loss import CompiledPPOLoss
 from rllib_ext.learners.deferred_metrics import deferred_metrics
 from rllib_ext.learners.gradient_step import GradientStep
-from rllib_ext.learners.minibatches import indexed_or_rllib
+from rllib_ext.learners.minibatches import indexed_or_rllib, with_num_minibatches
 from rllib_ext.learners.optimizer_groups import optimizer_groups
 from rllib_ext.learners.pipeline import (
     install_compiled_gae,
@@ -186,6 +186,7 @@ class PPOExtTorchLearner(PPOTorchLearner):
         # learner connector built from episodes here is RLlib's local: no caller sees its rows'
         # final order.
         batch_iter = super()._create_iterator_if_necessary(**kwargs)
+        batch_iter = with_num_minibatches(batch_iter, self.ext_settings.update.num_minibatches)
         if not self.ext_settings.update.lean_update:
             return batch_iter
         training_data = kwargs.get("training_data")

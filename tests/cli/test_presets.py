@@ -327,6 +327,7 @@ def test_the_jaxmarl_mappo_preset_is_jaxmarls_recipe_in_rllib_terms() -> None:
     assert settings.extensions["amp"] is False  # fp32 where the map presets take bf16
     assert settings.extensions["standardize_advantages"] == "masked"  # no bootstrap rows
     assert settings.extensions["optimizers"] == "actor_critic"  # JaxMARL's two train states
+    assert settings.extensions["num_minibatches"] == 4  # JaxMARL's NUM_MINIBATCHES
     config = _env_config(settings).rl_module(model_config=model).training(**training)
     config.validate()
     assert config.env_runner_cls is SMAXVectorEnvRunner

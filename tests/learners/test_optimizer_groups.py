@@ -138,3 +138,19 @@ def test_each_group_is_clipped_by_its_own_norm():
 def test_bad_value_names_the_choices():
     with pytest.raises(ValueError, match=r"optimizers.*'module'.*'actor_critic'"):
         PPOConfig().training(optimizers="per_layer")
+
+
+@pytest.mark.parametrize(("num_minibatches", "steps"), [(4, 3 * 4), (1, 3), (5, 3 * 5)])
+def test_num_minibatches_sets_the_optimizer_steps_per_epoch(num_minibatches, steps):
+    """``num_minibatches=N``: N Adam steps in each of the 3 epochs, whatever the train batch's
+    row count (the config's ``minibatch_size`` of 64 rows would give 20 in all)."""
+    learner = _learner(_config(PPOConfig, "CartPole-v1", num_minibatches=num_minibatches))
+    _update(learner, _episodes("CartPole-v1"))
+    ((_, optim),) = learner.get_optimizers_for_module(MID)
+    assert {int(optim.state[p]["step"]) for p in optim.param_groups[0]["params"]} == {steps}
+
+
+def test_num_minibatches_needs_one_learner():
+    config = _config(PPOConfig, "CartPole-v1", num_minibatches=4).learners(num_learners=2)
+    with pytest.raises(ValueError, match=r"num_minibatches=4 needs one learner.*Fix"):
+        config.validate()
