@@ -28,6 +28,7 @@ __all__ += ["metrics_state_stats", "missing_private_names", "module_forward_in_e
 __all__ += ["module_to_env", "multi_agent_episode_from_parts", "needs_initial_reset"]
 __all__ += ["ongoing_episodes_for_metrics", "optimizer_module_ids", "registered_env_creator"]
 __all__ += ["reload_ray_config", "runner_callbacks", "runner_seed", "set_episode_clock"]
+__all__ += ["slices_by_sequence"]
 __all__ += ["set_needs_initial_reset", "torch_grad_scaler_class", "torch_lr_scheduler_classes"]
 __all__ += ["try_env_reset", "try_env_step", "user_model_config", "weights_seq_no"]
 __all__ += ["with_metrics_state_stats", "cyclic_iterator_settings", "logged_stats_kind"]
@@ -48,6 +49,7 @@ _SERIES_STATS = "ray.rllib.utils.metrics.stats.series:SeriesStats"
 _SA_RUNNER = "ray.rllib.env.single_agent_env_runner:SingleAgentEnvRunner"
 _SA_EPISODE = "ray.rllib.env.single_agent_episode:SingleAgentEpisode"
 _CONFIG = "ray.rllib.algorithms.algorithm_config:AlgorithmConfig"
+_SAMPLE_BATCH = "ray.rllib.policy.sample_batch:SampleBatch"
 _TORCH_RL_MODULE = "ray.rllib.core.rl_module.torch.torch_rl_module:TorchRLModule"
 _CHECKPOINTABLE = "ray.rllib.utils.checkpoints:Checkpointable"
 _METRICS_LOGGER = "ray.rllib.utils.metrics.metrics_logger:MetricsLogger"
@@ -80,6 +82,7 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         for name in _CYCLIC_ITERATOR_SETTINGS
     ),
     PrivateName(_CHECKPOINTABLE, "_check_component", "method", "learners/ppo.py: get_state"),
+    PrivateName(_SAMPLE_BATCH, "_slice_seq_lens_in_B", "attribute", "minibatches.py: sizes"),
     # Both runners set these in their own __init__: fused loops (SMAX and single-agent), their
     # selection rules, AMP's cast piece and profiling's marks read them.
     *(
@@ -162,6 +165,11 @@ def learner_param(learner: Any, param_ref: Any) -> Any:
 def optimizer_module_ids(learner: Any) -> list[Any]:
     """The module ids that own at least one optimizer."""
     return list(learner._module_optimizers)
+
+
+def slices_by_sequence(module_batch: Any) -> bool:
+    """Whether RLlib's minibatch iterator slices ``module_batch`` by sequence (``seq_lens``)."""
+    return bool(getattr(module_batch, "_slice_seq_lens_in_B", False))
 
 
 def cyclic_iterator_settings(batch_iter: Any) -> dict[str, Any]:

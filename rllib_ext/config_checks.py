@@ -97,7 +97,7 @@ def check_algorithm_config(config: Any) -> ConfigCheck:
         raise ValueError(
             f"num_minibatches={settings.update.num_minibatches} needs one learner; got "
             f"num_learners={config.num_learners} (RLlib counts every learner's minibatches from "
-            "minibatch_size). Fix: set minibatch_size instead, or num_learners <= 1."
+            "minibatch_size). Fix: set num_minibatches=0 and a minibatch_size, or num_learners <= 1."
         )
     if settings.amp.amp_inference:
         _check_amp_env_runner(config)

@@ -140,8 +140,10 @@ class UpdateSettings:
 
     num_minibatches: int = field(default=0, metadata=_bounds(integer=True, ge=0))
     """Minibatches per epoch. ``0``: RLlib's ``minibatch_size`` (rows per minibatch). ``N``:
-    each update's minibatch size is the largest module's train batch rows divided by ``N``
-    (rounded up), so every epoch has ``N`` minibatches whatever the batch's agent count, as
+    each update's minibatch size is the largest module's train batch rows (sequences, for a
+    stateful module) divided by ``N``, rounded up, so an epoch has ``N`` minibatches whatever
+    the batch's agent count (where the division is exact; else RLlib's iterator carries the
+    remainder into the next epoch), as
     JaxMARL's, MAPPO's and CleanRL's ``NUM_MINIBATCHES``; it replaces ``minibatch_size``,
     which RLlib caps at ``train_batch_size`` (env steps, where a multi-agent module's batch
     has agents x env steps rows). One learner only."""

@@ -228,14 +228,28 @@ def indexed_or_rllib(
     return IndexedMinibatches(**settings, leave_final_order=leave_final_order)
 
 
+def _minibatch_size(module_batch: SampleBatch, num_minibatches: int) -> int:
+    """Rows per minibatch for ``num_minibatches`` over ``module_batch``: ``ceil(rows / N)``; for a
+    batch RLlib slices by sequence (``seq_lens``), the size whose RLlib count
+    ``int(sequences * size / rows)`` is ``ceil(sequences / N)``."""
+    rows = len(module_batch)
+    seq_lens = module_batch.get(SampleBatch.SEQ_LENS)
+    if seq_lens is None or not private.slices_by_sequence(module_batch):
+        return max(1, math.ceil(rows / num_minibatches))
+    sequences = len(seq_lens)
+    return max(1, math.ceil(math.ceil(sequences / num_minibatches) * rows / sequences))
+
+
 def with_num_minibatches(batch_iter: Iterable, num_minibatches: int) -> Iterable:
-    """``batch_iter`` (RLlib's ``MiniBatchCyclicIterator``, not started) rebuilt with a
-    minibatch size of ``ceil(rows / num_minibatches)``, ``rows`` the largest module batch's
-    ``len`` (time steps, padded sequences included): ``num_minibatches`` minibatches per epoch
-    in RLlib's own iterator and order. ``num_minibatches=0`` or another iterator: unchanged."""
+    """``batch_iter`` (RLlib's ``MiniBatchCyclicIterator``, not started) rebuilt so that an
+    epoch over the largest module batch has ``num_minibatches`` minibatches where its rows (or,
+    sliced by sequence, its sequences) divide by ``N``; otherwise the size rounds up and RLlib's
+    iterator carries the remainder into the next epoch, as for any ``minibatch_size``. Smaller
+    modules' batches cycle more often, RLlib's rule. ``num_minibatches=0`` or another iterator
+    (one epoch without ``minibatch_size``, a data iterator): unchanged."""
     if not num_minibatches or type(batch_iter) is not MiniBatchCyclicIterator:
         return batch_iter
     settings = private.cyclic_iterator_settings(batch_iter)
-    rows = max(len(b) for b in settings["batch"].policy_batches.values())
-    settings["minibatch_size"] = max(1, math.ceil(rows / num_minibatches))
+    largest = max(settings["batch"].policy_batches.values(), key=len)
+    settings["minibatch_size"] = _minibatch_size(largest, num_minibatches)
     return MiniBatchCyclicIterator(**settings)

@@ -24,7 +24,7 @@ import torch
 from ray.rllib.core.learner.learner import DEFAULT_OPTIMIZER
 from ray.rllib.core.rl_module.apis import InferenceOnlyAPI
 
-__all__ = ["CRITIC_OPTIMIZER", "POLICY_OPTIMIZER", "optimizer_groups"]
+__all__ = ["CRITIC_OPTIMIZER", "POLICY_OPTIMIZER", "check_saved_layout", "optimizer_groups"]
 
 POLICY_OPTIMIZER = "policy"
 CRITIC_OPTIMIZER = "critic"
@@ -56,8 +56,8 @@ def optimizer_groups(
     module_id: str, module: Any, params: list[Any], layout: str
 ) -> list[tuple[str, list[Any]]]:
     """``[(optimizer_name, parameters)]`` for one module; ``params`` is the learner's
-    ``get_parameters(module)`` (every trainable parameter, in the learner's order), each one in
-    exactly one group, in that order.
+    ``get_parameters(module)`` (in the learner's order), each one in exactly one group, in that
+    order.
 
     Raises:
         ValueError: ``"actor_critic"`` on a module without ``InferenceOnlyAPI``, or whose
@@ -76,3 +76,25 @@ def optimizer_groups(
             f"{list(module.get_non_inference_attributes())}). Fix: use optimizers='module'."
         )
     return [(POLICY_OPTIMIZER, policy), (CRITIC_OPTIMIZER, critic)]
+
+
+def check_saved_layout(learner: Any, optimizer_state: dict[str, Any], layout: str) -> None:
+    """Refuses a saved optimizer state whose optimizers are not this learner's (a checkpoint
+    saved with the other ``optimizers`` layout): RLlib would register the saved names as extra
+    optimizers and step each parameter twice. Modules this learner does not hold are skipped,
+    as RLlib does.
+
+    Raises:
+        ValueError: naming the saved and the current optimizers and the fix.
+    """
+    for name, saved in optimizer_state.items():
+        mid = saved.get("module_id")
+        if mid not in learner.module:
+            continue
+        ours = [f"{mid}_{opt}" for opt, _ in learner.get_optimizers_for_module(mid)]
+        if name not in ours:
+            raise ValueError(
+                f"the checkpoint's optimizer {name!r} is not one of this learner's {ours} "
+                f"(optimizers={layout!r}). Fix: restore with the optimizers setting the "
+                "checkpoint was saved with, or restore without its optimizer state."
+            )

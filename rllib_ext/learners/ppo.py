@@ -47,7 +47,7 @@ from rllib_ext.learners.compiled_loss import CompiledPPOLoss
 from rllib_ext.learners.deferred_metrics import deferred_metrics
 from rllib_ext.learners.gradient_step import GradientStep
 from rllib_ext.learners.minibatches import indexed_or_rllib, with_num_minibatches
-from rllib_ext.learners.optimizer_groups import optimizer_groups
+from rllib_ext.learners.optimizer_groups import check_saved_layout, optimizer_groups
 from rllib_ext.learners.pipeline import (
     install_compiled_gae,
     install_module_options,
@@ -299,6 +299,10 @@ class PPOExtTorchLearner(PPOTorchLearner):
 
     @override(Learner)
     def set_state(self, state: StateDict) -> None:
+        if COMPONENT_OPTIMIZER in state:
+            check_saved_layout(
+                self, state[COMPONENT_OPTIMIZER], self.ext_settings.update.optimizers
+            )
         super().set_state(state)
         if state.get(METRICS_STATE_KEY):
             self.metrics.set_state(

@@ -154,3 +154,47 @@ def test_num_minibatches_needs_one_learner():
     config = _config(PPOConfig, "CartPole-v1", num_minibatches=4).learners(num_learners=2)
     with pytest.raises(ValueError, match=r"num_minibatches=4 needs one learner.*Fix"):
         config.validate()
+
+
+@pytest.mark.parametrize(
+    ("saved", "restored"), [("module", "actor_critic"), ("actor_critic", "module")]
+)
+def test_restoring_the_other_layout_is_refused_and_the_same_layout_restores(saved, restored):
+    """RLlib would register a saved optimizer name this learner lacks as one more optimizer (each
+    parameter stepped twice); the learner refuses it, naming both layouts, before any change."""
+    source = _learner(_config(PPOConfig, "CartPole-v1", optimizers=saved))
+    state = source.get_state(components="optimizer")
+    target = _learner(_config(PPOConfig, "CartPole-v1", optimizers=restored))
+    before = [name for name, _ in target.get_optimizers_for_module(MID)]
+    with pytest.raises(ValueError, match=rf"optimizers={restored!r}.*Fix: restore with"):
+        target.set_state(state)
+    assert [name for name, _ in target.get_optimizers_for_module(MID)] == before
+    twin = _learner(_config(PPOConfig, "CartPole-v1", optimizers=saved))
+    twin.set_state(state)
+    assert [name for name, _ in twin.get_optimizers_for_module(MID)] == [
+        name for name, _ in source.get_optimizers_for_module(MID)
+    ]
+
+
+@pytest.mark.parametrize(("sequences", "steps_per_epoch"), [(12, 4), (4097, 4)])
+def test_num_minibatches_on_a_sequence_batch(sequences, steps_per_epoch):
+    """A batch RLlib slices by sequence: minibatches of ceil(sequences / N) sequences, so an
+    epoch has N of them (4097 sequences: 1,025, not RLlib's rounding down to 1,024 and a fifth)."""
+    import numpy as np
+    from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+    from ray.rllib.utils.minibatch_utils import MiniBatchCyclicIterator
+
+    from rllib_ext.learners.minibatches import with_num_minibatches
+
+    lens = np.array([3 + i % 5 for i in range(sequences)])
+    module_batch = SampleBatch({"obs": np.arange(lens.sum()), SampleBatch.SEQ_LENS: lens})
+    module_batch.enable_slicing_by_batch_id()
+    batch = MultiAgentBatch({MID: module_batch}, env_steps=int(lens.sum()))
+    rllib = MiniBatchCyclicIterator(
+        batch, num_epochs=4, minibatch_size=128, shuffle_batch_per_epoch=False
+    )
+    minibatches = list(with_num_minibatches(rllib, 4))
+    assert len(minibatches) == 4 * steps_per_epoch
+    assert {len(m.policy_batches[MID][SampleBatch.SEQ_LENS]) for m in minibatches} == {
+        -(-sequences // 4)
+    }
