@@ -24,6 +24,8 @@ import torch
 from ray.rllib.core.learner.learner import DEFAULT_OPTIMIZER
 from ray.rllib.core.rl_module.apis import InferenceOnlyAPI
 
+from rllib_ext import _rllib_private as private
+
 __all__ = ["CRITIC_OPTIMIZER", "POLICY_OPTIMIZER", "check_saved_layout", "optimizer_groups"]
 
 POLICY_OPTIMIZER = "policy"
@@ -82,15 +84,16 @@ def check_saved_layout(learner: Any, optimizer_state: dict[str, Any], layout: st
     """Refuses a saved optimizer state whose optimizers are not this learner's (a checkpoint
     saved with the other ``optimizers`` layout): RLlib would register the saved names as extra
     optimizers and step each parameter twice. Modules this learner does not hold are skipped,
-    as RLlib does.
+    as RLlib does, and so are modules without optimizers yet (RLlib configures theirs then).
 
     Raises:
         ValueError: naming the saved and the current optimizers and the fix.
     """
+    owners = set(private.optimizer_module_ids(learner))
     for name, saved in optimizer_state.items():
         mid = saved.get("module_id")
-        if mid not in learner.module:
-            continue
+        if mid not in learner.module or mid not in owners:
+            continue  # RLlib configures a module's optimizers here where it has none yet
         ours = [f"{mid}_{opt}" for opt, _ in learner.get_optimizers_for_module(mid)]
         if name not in ours:
             raise ValueError(
