@@ -4,7 +4,8 @@ The same train batch and settings through both: every minibatch holds the same r
 order (torch, NumPy and nested columns), with the same flags and ``env_steps``; NumPy's global
 generator ends in the same state (RLlib's shuffles draw from it); the module batches are left in
 the same order, or untouched where the caller does not hold the batch. Batches the index path
-cannot reproduce get RLlib's iterator, a warning and the metric.
+cannot reproduce get RLlib's iterator, a warning and the metric. ``num_minibatches=N`` gives N
+minibatches per epoch on flat and sequence batches, with one learner only.
 """
 
 from __future__ import annotations
@@ -20,13 +21,18 @@ from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 from ray.rllib.utils.minibatch_utils import MiniBatchCyclicIterator
 
+from rllib_ext import PPOConfig
 from rllib_ext.learners.minibatches import (
     INDEXED_MINIBATCHES_KEY,
     IndexedMinibatches,
     RLlibMinibatches,
     indexed_or_rllib,
     why_not_indexed,
+    with_num_minibatches,
 )
+from tests.learners.test_lean_update import _config, _episodes, _learner, _update
+
+MID = "default_policy"
 
 
 def _module_batch(rows: int, seed: int) -> SampleBatch:
@@ -185,3 +191,37 @@ def test_fallback_keeps_rllibs_iterator_warns_once_and_logs_the_metric():
         warnings.simplefilter("error")  # the same reason again: no second warning
         second = _cyclic(_batch({"p": 10}))
         assert indexed_or_rllib(learner, second, warned) is second
+
+
+@pytest.mark.parametrize(("num_minibatches", "steps"), [(4, 3 * 4), (1, 3), (5, 3 * 5)])
+def test_num_minibatches_sets_the_optimizer_steps_per_epoch(num_minibatches, steps):
+    """``num_minibatches=N``: N Adam steps in each of the 3 epochs, whatever the train batch's
+    row count (the config's ``minibatch_size`` of 64 rows would give 20 in all)."""
+    learner = _learner(_config(PPOConfig, "CartPole-v1", num_minibatches=num_minibatches))
+    _update(learner, _episodes("CartPole-v1"))
+    ((_, optim),) = learner.get_optimizers_for_module(MID)
+    assert {int(optim.state[p]["step"]) for p in optim.param_groups[0]["params"]} == {steps}
+
+
+def test_num_minibatches_needs_one_learner():
+    config = _config(PPOConfig, "CartPole-v1", num_minibatches=4).learners(num_learners=2)
+    with pytest.raises(ValueError, match=r"num_minibatches=4 needs one learner.*Fix"):
+        config.validate()
+
+
+@pytest.mark.parametrize(("sequences", "steps_per_epoch"), [(12, 4), (4097, 4)])
+def test_num_minibatches_on_a_sequence_batch(sequences, steps_per_epoch):
+    """A batch RLlib slices by sequence: minibatches of ceil(sequences / N) sequences, so an
+    epoch has N of them (4097 sequences: 1,025, not RLlib's rounding down to 1,024 and a fifth)."""
+    lens = np.array([3 + i % 5 for i in range(sequences)])
+    module_batch = SampleBatch({"obs": np.arange(lens.sum()), SampleBatch.SEQ_LENS: lens})
+    module_batch.enable_slicing_by_batch_id()
+    batch = MultiAgentBatch({MID: module_batch}, env_steps=int(lens.sum()))
+    rllib = MiniBatchCyclicIterator(
+        batch, num_epochs=4, minibatch_size=128, shuffle_batch_per_epoch=False
+    )
+    minibatches = list(with_num_minibatches(rllib, 4))
+    assert len(minibatches) == 4 * steps_per_epoch
+    assert {len(m.policy_batches[MID][SampleBatch.SEQ_LENS]) for m in minibatches} == {
+        -(-sequences // 4)
+    }

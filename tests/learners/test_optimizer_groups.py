@@ -3,7 +3,8 @@
 The split covers every parameter once (critic = the module's non-inference attributes); without
 clipping it is the same update as RLlib's one Adam (Adam is element-wise); with ``grad_clip``
 each group's pre-clip norm is its own part of the module's norm; the results carry both
-optimizers' norms and learning rates; a module that names no critic is refused at build.
+optimizers' norms and learning rates; a module that names no critic is refused at build, and
+a checkpoint of the other layout at restore.
 """
 
 from __future__ import annotations
@@ -140,22 +141,6 @@ def test_bad_value_names_the_choices():
         PPOConfig().training(optimizers="per_layer")
 
 
-@pytest.mark.parametrize(("num_minibatches", "steps"), [(4, 3 * 4), (1, 3), (5, 3 * 5)])
-def test_num_minibatches_sets_the_optimizer_steps_per_epoch(num_minibatches, steps):
-    """``num_minibatches=N``: N Adam steps in each of the 3 epochs, whatever the train batch's
-    row count (the config's ``minibatch_size`` of 64 rows would give 20 in all)."""
-    learner = _learner(_config(PPOConfig, "CartPole-v1", num_minibatches=num_minibatches))
-    _update(learner, _episodes("CartPole-v1"))
-    ((_, optim),) = learner.get_optimizers_for_module(MID)
-    assert {int(optim.state[p]["step"]) for p in optim.param_groups[0]["params"]} == {steps}
-
-
-def test_num_minibatches_needs_one_learner():
-    config = _config(PPOConfig, "CartPole-v1", num_minibatches=4).learners(num_learners=2)
-    with pytest.raises(ValueError, match=r"num_minibatches=4 needs one learner.*Fix"):
-        config.validate()
-
-
 @pytest.mark.parametrize(
     ("saved", "restored"), [("module", "actor_critic"), ("actor_critic", "module")]
 )
@@ -174,27 +159,3 @@ def test_restoring_the_other_layout_is_refused_and_the_same_layout_restores(save
     assert [name for name, _ in twin.get_optimizers_for_module(MID)] == [
         name for name, _ in source.get_optimizers_for_module(MID)
     ]
-
-
-@pytest.mark.parametrize(("sequences", "steps_per_epoch"), [(12, 4), (4097, 4)])
-def test_num_minibatches_on_a_sequence_batch(sequences, steps_per_epoch):
-    """A batch RLlib slices by sequence: minibatches of ceil(sequences / N) sequences, so an
-    epoch has N of them (4097 sequences: 1,025, not RLlib's rounding down to 1,024 and a fifth)."""
-    import numpy as np
-    from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
-    from ray.rllib.utils.minibatch_utils import MiniBatchCyclicIterator
-
-    from rllib_ext.learners.minibatches import with_num_minibatches
-
-    lens = np.array([3 + i % 5 for i in range(sequences)])
-    module_batch = SampleBatch({"obs": np.arange(lens.sum()), SampleBatch.SEQ_LENS: lens})
-    module_batch.enable_slicing_by_batch_id()
-    batch = MultiAgentBatch({MID: module_batch}, env_steps=int(lens.sum()))
-    rllib = MiniBatchCyclicIterator(
-        batch, num_epochs=4, minibatch_size=128, shuffle_batch_per_epoch=False
-    )
-    minibatches = list(with_num_minibatches(rllib, 4))
-    assert len(minibatches) == 4 * steps_per_epoch
-    assert {len(m.policy_batches[MID][SampleBatch.SEQ_LENS]) for m in minibatches} == {
-        -(-sequences // 4)
-    }
