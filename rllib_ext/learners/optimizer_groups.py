@@ -2,9 +2,10 @@
 
 ``"module"`` is RLlib's layout: one optimizer over all of a module's parameters (RLlib's
 ``DEFAULT_OPTIMIZER``). ``"actor_critic"`` gives each module two: ``"critic"`` over the
-parameters of the attributes the module names in
+parameters of the attributes the module names in ``critic_attributes()`` where it has that
+method (rllib_ext's recurrent module, whose recurrent critic stays on env runners), else in
 ``InferenceOnlyAPI.get_non_inference_attributes()`` (the attributes an inference-only copy
-drops: the value head and the critic's encoders) and ``"policy"`` over all the others. RLlib's
+drops: the value head and the critic's encoders), and ``"policy"`` over all the others. RLlib's
 ``Learner.postprocess_gradients_for_module`` clips each optimizer's gradients apart, and keeps
 each optimizer's learning rate (the config's ``lr`` or schedule) and Adam moments apart, so the
 critic's gradients no longer shrink the policy's under ``grad_clip``: JaxMARL's and MAPPO's
@@ -37,15 +38,22 @@ def _attribute(module: Any, dotted: str) -> Any:
     return functools.reduce(lambda obj, name: getattr(obj, name, None), dotted.split("."), module)
 
 
-def _critic_parameters(module_id: str, module: Any) -> list[torch.nn.Parameter]:
+def _critic_attribute_names(module_id: str, module: Any) -> list[str]:
+    named = getattr(module, "critic_attributes", None)
+    if callable(named):
+        return list(named())
     if not isinstance(module, InferenceOnlyAPI):
         raise ValueError(
             f"optimizers='actor_critic' needs a module that names its critic's attributes; module "
             f"{module_id!r} ({type(module).__name__}) does not implement RLlib's InferenceOnlyAPI. "
             "Fix: implement get_non_inference_attributes() on it, or use optimizers='module'."
         )
+    return list(module.get_non_inference_attributes())
+
+
+def _critic_parameters(module_id: str, module: Any) -> list[torch.nn.Parameter]:
     params: list[torch.nn.Parameter] = []
-    for name in module.get_non_inference_attributes():
+    for name in _critic_attribute_names(module_id, module):
         part = _attribute(module, name)
         if isinstance(part, torch.nn.Parameter):
             params.append(part)
@@ -75,7 +83,7 @@ def optimizer_groups(
         raise ValueError(
             f"optimizers='actor_critic' found no trainable {empty} parameter in module "
             f"{module_id!r} ({type(module).__name__}; critic attributes "
-            f"{list(module.get_non_inference_attributes())}). Fix: use optimizers='module'."
+            f"{_critic_attribute_names(module_id, module)}). Fix: use optimizers='module'."
         )
     return [(POLICY_OPTIMIZER, policy), (CRITIC_OPTIMIZER, critic)]
 

@@ -163,12 +163,13 @@ class MaskedPPOTorchRLModule(DefaultPPOTorchRLModule, ValueNormAPI, LearnerOptio
                 f"recurrent_cell={config[RECURRENT_CELL_KEY]!r}) (or module_class="
                 "MaskedRecurrentPPOTorchRLModule), or drop recurrent_cell."
             )
-        if config.get("orthogonal_init"):
-            raise ValueError(
-                "model_config['orthogonal_init']=True is an option of the recurrent module "
-                "(MaskedRecurrentPPOTorchRLModule); this feed-forward module would ignore it. "
-                "Fix: add recurrent_cell='gru', or drop orthogonal_init."
-            )
+        for key in ("orthogonal_init", "critic_recurrent"):
+            if config.get(key):
+                raise ValueError(
+                    f"model_config['{key}']=True is an option of the recurrent module "
+                    "(MaskedRecurrentPPOTorchRLModule); this feed-forward module would ignore "
+                    f"it. Fix: add recurrent_cell='gru', or drop {key}."
+                )
         if central and config.get("use_lstm", False):
             raise ValueError(
                 f"model_config['{CENTRAL_CRITIC_KEY}']=True with use_lstm=True is not supported. "

@@ -12,7 +12,7 @@ Network (``model_config`` keys; RLlib's ``DefaultModelConfig`` defaults where th
     observations -> MLP(fcnet_hiddens, fcnet_activation) -> GRU/LSTM(lstm_cell_size)
                  -> MLP(head_fcnet_hiddens, head_fcnet_activation) -> logits
                                   \\-> MLP(head_fcnet_hiddens) -> value  (no central critic)
-    state        -> MLP(fcnet_hiddens, fcnet_activation)
+    state        -> MLP(fcnet_hiddens, fcnet_activation) [-> GRU/LSTM(lstm_cell_size)]
                  -> MLP(head_fcnet_hiddens, head_fcnet_activation) -> value  (central_critic=True)
 
 * ``head_fcnet_hiddens`` / ``head_fcnet_activation`` (RLlib's keys; default ``[]``: the
@@ -31,6 +31,13 @@ Network (``model_config`` keys; RLlib's ``DefaultModelConfig`` defaults where th
   ``env_config={"state_mode": "agent_specific"}`` MAPPO's state + agent id); the GRU serves
   the policy only and env runners build the module ``inference_only`` without the critic.
   Without it, policy and value share the recurrent trunk (JaxMARL's IPPO-RNN layout).
+* ``critic_recurrent=True`` (needs ``central_critic``): a cell of the same type and size between
+  the critic's encoder and its head (JaxMARL's MAPPO ``CriticRNN``). Its state travels with the
+  policy's in ``STATE_IN`` / ``STATE_OUT`` (keys ``critic_h`` (, ``critic_c``)): env runners keep
+  the critic's encoder and cell (not its head) and step them beside the policy, so the episodes
+  record the critic's state and the learner starts each training sequence of the critic, as of
+  the policy, from the state recorded at its first step (RLlib's ``AddStatesFromEpisodesToBatch``).
+  :meth:`critic_attributes` names what the value alone reads (``optimizers="actor_critic"``).
 * ``orthogonal_init`` (default ``False``: torch's default initialization): JaxMARL's
   MAPPO/IPPO initialization (and CleanRL's): orthogonal kernels with gain sqrt(2) in the
   encoders, 2 in the ``head_fcnet_hiddens`` layers, 0.01 for the logits and 1 for the value;
@@ -40,7 +47,8 @@ Network (``model_config`` keys; RLlib's ``DefaultModelConfig`` defaults where th
   (validated by the same :func:`~rllib_ext.modules.masked_ppo.check_masked_module_options`).
 
 Recurrent state (``Columns.STATE_IN`` / ``STATE_OUT``): ``{"h": [B, H]}`` for the GRU,
-``{"h": [B, H], "c": [B, H]}`` for the LSTM; :meth:`get_initial_state` returns zeros ``[H]``.
+``{"h": [B, H], "c": [B, H]}`` for the LSTM, plus the same keys prefixed ``critic_`` with
+``critic_recurrent``; :meth:`get_initial_state` returns zeros ``[H]`` per key.
 Inputs carry a time axis ``[B, T, ...]`` (RLlib's ``AddTimeDimToBatchAndZeroPad``; ``T=1`` on
 env runners), outputs too (logits ``[B, T, A]``, values ``[B, T]``).
 """
@@ -74,7 +82,12 @@ from rllib_ext.modules.masked_ppo import (
 )
 from rllib_ext.modules.value_norm import VALUE_NORM_KEY, ValueNormAPI
 
-__all__ = ["RECURRENT_CELLS", "RECURRENT_CELL_KEY", "MaskedRecurrentPPOTorchRLModule"]
+__all__ = [
+    "CRITIC_RECURRENT_KEY",
+    "RECURRENT_CELLS",
+    "RECURRENT_CELL_KEY",
+    "MaskedRecurrentPPOTorchRLModule",
+]
 
 
 _SPACE_HELP = (
@@ -97,6 +110,9 @@ def _mlp(in_size: int, hiddens: list[int], activation: Any) -> tuple[nn.Module, 
 
 ORTHOGONAL_INIT_KEY = "orthogonal_init"
 """``model_config`` key: JaxMARL's / CleanRL's initialization (module docstring)."""
+CRITIC_RECURRENT_KEY = "critic_recurrent"
+"""``model_config`` key: a recurrent cell in the central critic (module docstring)."""
+_CRITIC_STATE_PREFIX = "critic_"
 
 
 def _orthogonal_(stack: nn.Module, gain: float) -> None:
@@ -148,10 +164,18 @@ def recurrent_model_config(model_config: Any) -> dict[str, Any]:
             "RLlib's default encoder in its own LSTM. Fix: drop use_lstm (recurrent_cell='lstm' "
             "gives the masked module an LSTM)."
         )
-    if not isinstance(config.get(ORTHOGONAL_INIT_KEY, False), bool):
+    for key in (ORTHOGONAL_INIT_KEY, CRITIC_RECURRENT_KEY):
+        if not isinstance(config.get(key, False), bool):
+            raise ValueError(
+                f"model_config['{key}']={config[key]!r}; allowed values: True, False. "
+                f"Fix: model_config={{'{key}': True}}."
+            )
+    if config.get(CRITIC_RECURRENT_KEY) and not config.get(CENTRAL_CRITIC_KEY):
         raise ValueError(
-            f"model_config['{ORTHOGONAL_INIT_KEY}']={config[ORTHOGONAL_INIT_KEY]!r}; allowed "
-            f"values: True, False. Fix: model_config={{'{ORTHOGONAL_INIT_KEY}': True}}."
+            f"model_config['{CRITIC_RECURRENT_KEY}']=True needs "
+            f"model_config['{CENTRAL_CRITIC_KEY}']=True (without a central critic the value "
+            "already reads the policy's recurrent cell). Fix: add central_critic=True, or drop "
+            f"{CRITIC_RECURRENT_KEY}."
         )
     for key in ("lstm_cell_size", "max_seq_len"):
         value = config[key]
@@ -201,6 +225,7 @@ class MaskedRecurrentPPOTorchRLModule(
         self._cell_size: int = config["lstm_cell_size"]
         options = check_masked_module_options(config)
         self._central_critic: bool = options[CENTRAL_CRITIC_KEY]
+        self._critic_recurrent = bool(config.get(CRITIC_RECURRENT_KEY, False))
         self._death_masking: bool = options[DEATH_MASKING_KEY]
         hiddens, activation = list(config["fcnet_hiddens"]), config["fcnet_activation"]
         obs_dim = int(np.prod(spaces["observations"].shape))
@@ -214,6 +239,9 @@ class MaskedRecurrentPPOTorchRLModule(
         if self._central_critic:
             state_dim = int(np.prod(spaces["state"].shape))
             self.central_critic_encoder, size = _mlp(state_dim, hiddens, activation)
+            if self._critic_recurrent:
+                self.critic_rnn = cell_cls(size, self._cell_size, batch_first=True)
+                size = self._cell_size
         else:
             size = self._cell_size
         self.vf_head, size = _mlp(size, head, head_activation)
@@ -227,6 +255,8 @@ class MaskedRecurrentPPOTorchRLModule(
         for stack in (self.encoder, getattr(self, "central_critic_encoder", nn.Sequential())):
             _orthogonal_(stack, 2**0.5)
         _flax_rnn_(self.rnn)
+        if self._critic_recurrent:
+            _flax_rnn_(self.critic_rnn)
         for stack in (self.pi_head, self.vf_head):
             _orthogonal_(stack, 2.0)
         _orthogonal_(self.pi, 0.01)
@@ -247,17 +277,31 @@ class MaskedRecurrentPPOTorchRLModule(
         """``"gru"`` or ``"lstm"``."""
         return self._cell_type
 
+    @property
+    def critic_recurrent(self) -> bool:
+        """Whether the central critic has its own recurrent cell (and state)."""
+        return self._critic_recurrent
+
     @override(RLModule)
     def get_initial_state(self) -> dict[str, np.ndarray]:
-        zeros = np.zeros((self._cell_size,), dtype=np.float32)
-        if self._cell_type == "gru":
-            return {"h": zeros}
-        return {"h": zeros, "c": zeros.copy()}
+        keys = ["h"] if self._cell_type == "gru" else ["h", "c"]
+        if self._critic_recurrent:
+            keys += [_CRITIC_STATE_PREFIX + key for key in keys]
+        return {key: np.zeros((self._cell_size,), dtype=np.float32) for key in keys}
+
+    def critic_attributes(self) -> list[str]:
+        """The attributes only the value reads: the ``"critic"`` group of
+        ``optimizers="actor_critic"`` (:mod:`rllib_ext.learners.optimizer_groups`)."""
+        names = ["vf_head", "vf", VALUE_NORM_KEY]
+        if not self._central_critic:
+            return names
+        return [*names, "central_critic_encoder", *(["critic_rnn"] * self._critic_recurrent)]
 
     @override(InferenceOnlyAPI)
     def get_non_inference_attributes(self) -> list[str]:
-        names = ["vf_head", "vf", VALUE_NORM_KEY]
-        return [*names, "central_critic_encoder"] if self._central_critic else names
+        # A recurrent critic's encoder and cell stay on env runners, which keep its state.
+        keep = {"central_critic_encoder", "critic_rnn"} if self._critic_recurrent else set()
+        return [name for name in self.critic_attributes() if name not in keep]
 
     def _split(self, batch: dict[str, Any]) -> tuple[Any, torch.Tensor, Any]:
         obs = batch[Columns.OBS]
@@ -269,28 +313,41 @@ class MaskedRecurrentPPOTorchRLModule(
             )
         return obs["observations"], obs["action_mask"], obs.get("state")
 
+    def _recur(
+        self, rnn: nn.Module, inputs: torch.Tensor, state_in: dict[str, torch.Tensor], prefix: str
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``[B, T, D]`` and ``{prefix + "h": [B, H](, prefix + "c")}`` -> ``[B, T, H]`` and the
+        state out under the same keys."""
+        # nn.GRU / nn.LSTM take the state with a leading layer axis (one layer here).
+        h = state_in[prefix + "h"].unsqueeze(0)
+        if self._cell_type == "gru":
+            features, h_out = rnn(inputs, h)
+            return features, {prefix + "h": h_out.squeeze(0)}
+        features, (h_out, c_out) = rnn(inputs, (h, state_in[prefix + "c"].unsqueeze(0)))
+        return features, {prefix + "h": h_out.squeeze(0), prefix + "c": c_out.squeeze(0)}
+
     def _features(
         self, observations: torch.Tensor, state_in: dict[str, torch.Tensor]
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """``[B, T, obs_dim]`` and ``{"h": [B, H](, "c")}`` -> ``[B, T, H]`` and state out."""
-        embedded = self.encoder(observations.float())
-        # nn.GRU / nn.LSTM take the state with a leading layer axis (one layer here).
-        h = state_in["h"].unsqueeze(0)
-        if self._cell_type == "gru":
-            features, h_out = self.rnn(embedded, h)
-            return features, {"h": h_out.squeeze(0)}
-        features, (h_out, c_out) = self.rnn(embedded, (h, state_in["c"].unsqueeze(0)))
-        return features, {"h": h_out.squeeze(0), "c": c_out.squeeze(0)}
+        """The policy's ``[B, T, obs_dim]`` -> ``[B, T, H]`` and its state out."""
+        return self._recur(self.rnn, self.encoder(observations.float()), state_in, "")
 
-    def _value_embeddings(self, features: torch.Tensor, state: Any) -> torch.Tensor:
-        if self._central_critic:
-            return self.central_critic_encoder(state.float())
-        return features
+    def _critic_features(
+        self, state: torch.Tensor, state_in: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The central critic's ``[B, T, state_dim]`` -> its head's input and its state out
+        (empty without ``critic_recurrent``)."""
+        embedded = self.central_critic_encoder(state.float())
+        if not self._critic_recurrent:
+            return embedded, {}
+        return self._recur(self.critic_rnn, embedded, state_in, _CRITIC_STATE_PREFIX)
 
     @override(TorchRLModule)
     def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-        observations, action_mask, _ = self._split(batch)
+        observations, action_mask, state = self._split(batch)
         features, state_out = self._features(observations, batch[Columns.STATE_IN])
+        if self._critic_recurrent:  # env runners step the critic's cell to record its state
+            state_out |= self._critic_features(state, batch[Columns.STATE_IN])[1]
         logits = self.pi(self.pi_head(features))
         output = {Columns.ACTION_DIST_INPUTS: logits, Columns.STATE_OUT: state_out}
         return mask_logits(output, action_mask)
@@ -300,11 +357,15 @@ class MaskedRecurrentPPOTorchRLModule(
         self.check_learner_options()
         observations, action_mask, state = self._split(batch)
         features, state_out = self._features(observations, batch[Columns.STATE_IN])
+        embeddings = features
+        if self._central_critic:
+            embeddings, critic_state_out = self._critic_features(state, batch[Columns.STATE_IN])
+            state_out |= critic_state_out
         output = {
             Columns.ACTION_DIST_INPUTS: self.pi(self.pi_head(features)),
             Columns.STATE_OUT: state_out,
             # PPO's loss calls compute_values(batch, embeddings=output[EMBEDDINGS]).
-            Columns.EMBEDDINGS: self._value_embeddings(features, state),
+            Columns.EMBEDDINGS: embeddings,
         }
         return mask_logits(output, action_mask)
 
@@ -315,7 +376,7 @@ class MaskedRecurrentPPOTorchRLModule(
         if embeddings is None:
             observations, _, state = self._split(batch)
             if self._central_critic:
-                embeddings = self._value_embeddings(observations, state)
+                embeddings = self._critic_features(state, batch.get(Columns.STATE_IN, {}))[0]
             else:
                 features, _ = self._features(observations, batch[Columns.STATE_IN])
                 embeddings = features

@@ -300,7 +300,7 @@ def test_stop_win_rate_is_a_fraction() -> None:
 
 def test_the_jaxmarl_mappo_preset_is_jaxmarls_recipe_in_rllib_terms() -> None:
     """``smax-jaxmarl-mappo`` (issue 37's head-to-head recipe): a GRU 128 module with a
-    Dense 128 head, agent id in the critic's state, 128 battles x 128 steps per update, 4
+    Dense 128 head, a GRU 128 in the critic too, agent id in the critic's state, 128 battles x 128 steps per update, 4
     epochs, lr 2e-3 -> 0, entropy 0, gradient norm 0.25 (actor and critic apart), no value norm, no death masking, fp32;
     the map comes from the user and the config passes RLlib's validation."""
     from rllib_ext.envs.smac.env_runner import SMAXVectorEnvRunner
@@ -315,6 +315,7 @@ def test_the_jaxmarl_mappo_preset_is_jaxmarls_recipe_in_rllib_terms() -> None:
     assert (model["recurrent_cell"], model["lstm_cell_size"]) == ("gru", 128)
     assert model["fcnet_hiddens"] == model["head_fcnet_hiddens"] == [128]
     assert model["central_critic"] and not model["value_norm"] and not model["death_masking"]
+    assert model["critic_recurrent"] is True  # JaxMARL's CriticRNN
     assert model["orthogonal_init"] is True
     training = settings.training
     assert settings.num_envs_per_env_runner * 128 == training["train_batch_size"] == 16384

@@ -1,6 +1,7 @@
 """``optimizers="actor_critic"``: a policy and a critic optimizer per module, clipped apart.
 
-The split covers every parameter once (critic = the module's non-inference attributes); without
+The split covers every parameter once (critic = the module's ``critic_attributes()`` or else its
+non-inference attributes); without
 clipping it is the same update as RLlib's one Adam (Adam is element-wise); with ``grad_clip``
 each group's pre-clip norm is its own part of the module's norm; the results carry both
 optimizers' norms and learning rates; a module that names no critic is refused at build, and
@@ -48,11 +49,17 @@ def test_default_ppo_module_split_covers_every_parameter_once(shared):
     )
 
 
-def test_recurrent_central_critic_split():
-    module = build_recurrent(central_critic=True, head_fcnet_hiddens=[8])
+@pytest.mark.parametrize("critic_recurrent", [False, True])
+def test_recurrent_central_critic_split(critic_recurrent):
+    """A recurrent critic's encoder and cell stay on env runners (not non-inference attributes)
+    and still step with the critic's optimizer (the module's ``critic_attributes()``)."""
+    module = build_recurrent(
+        central_critic=True, head_fcnet_hiddens=[8], critic_recurrent=critic_recurrent
+    )
     groups = dict(optimizer_groups(MID, module, list(module.parameters()), "actor_critic"))
     critic = _names(module, groups["critic"])
-    assert {n.split(".")[0] for n in critic} == {"central_critic_encoder", "vf_head", "vf"}
+    expected = {"central_critic_encoder", "vf_head", "vf", *(["critic_rnn"] * critic_recurrent)}
+    assert {n.split(".")[0] for n in critic} == expected
     assert {n.split(".")[0] for n in _names(module, groups["policy"])} == {
         "encoder",
         "rnn",

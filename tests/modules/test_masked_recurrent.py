@@ -145,6 +145,56 @@ def test_central_critic_values_read_the_state_only_and_runners_drop_the_critic()
     )
 
 
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_recurrent_critic_state_is_stepped_by_runners_and_carried_into_training(cell):
+    """``critic_recurrent``: env runners keep the critic's encoder and cell (not its head) and
+    record its state; values over a sequence split in two, the second half started from the
+    state the first recorded, equal the values over the whole sequence; the values read the
+    critic's state and the global state, never the agent's observation or the policy's state."""
+    module = build(cell, central_critic=True, critic_recurrent=True, head_fcnet_hiddens=[8])
+    prefixed = ["h"] if cell == "gru" else ["h", "c"]
+    assert set(module.get_initial_state()) == {*prefixed, *("critic_" + k for k in prefixed)}
+    assert module.get_non_inference_attributes() == ["vf_head", "vf", "value_norm"]
+    runner = build(
+        cell,
+        central_critic=True,
+        critic_recurrent=True,
+        head_fcnet_hiddens=[8],
+        inference_only=True,
+    )
+    assert hasattr(runner, "critic_rnn") and hasattr(runner, "central_critic_encoder")
+    assert not hasattr(runner, "vf_head") and not hasattr(runner, "vf")
+    runner.set_state(module.get_state(inference_only=True))
+
+    data = batch(module, b=8, t=6, seed=5)
+    whole = module.forward_train(data)
+    values = module.compute_values(data, embeddings=whole[Columns.EMBEDDINGS])
+    torch.testing.assert_close(module.compute_values(data), values)
+    state = data[Columns.STATE_IN]
+    for t in range(3):  # the env runner's steps, T=1
+        step = {
+            Columns.OBS: {k: v[:, t : t + 1] for k, v in data[Columns.OBS].items()},
+            Columns.STATE_IN: state,
+        }
+        state = runner.forward_exploration(step)[Columns.STATE_OUT]
+    second = {
+        Columns.OBS: {k: v[:, 3:] for k, v in data[Columns.OBS].items()},
+        Columns.STATE_IN: state,
+    }
+    torch.testing.assert_close(module.compute_values(second), values[:, 3:])
+    for key, value in module.forward_train(second)[Columns.STATE_OUT].items():
+        torch.testing.assert_close(value, whole[Columns.STATE_OUT][key])
+
+    changed = {Columns.OBS: dict(data[Columns.OBS]), Columns.STATE_IN: dict(state)}
+    changed[Columns.OBS]["observations"] = torch.randn(8, 6, OBS_DIM)
+    changed[Columns.STATE_IN] = dict(data[Columns.STATE_IN])
+    for key in prefixed:
+        changed[Columns.STATE_IN][key] = torch.randn(8, CELL)
+    torch.testing.assert_close(module.compute_values(changed), values)
+    changed[Columns.STATE_IN]["critic_h"] = torch.zeros(8, CELL)
+    assert not torch.allclose(module.compute_values(changed), values)
+
+
 @pytest.mark.parametrize("central_critic", [False, True])
 def test_head_fcnet_hiddens_adds_a_layer_to_each_head_and_runners_drop_the_value_head(
     central_critic,
@@ -217,6 +267,17 @@ def test_bad_model_config_is_rejected_with_the_fix():
         build(value_norm="yes")
     with pytest.raises(ValueError, match=r"max_seq_len'\]=0"):
         build(max_seq_len=0)
+    with pytest.raises(ValueError, match=r"critic_recurrent'\]=True needs .*central_critic"):
+        build(critic_recurrent=True)
+    with pytest.raises(ValueError, match=r"critic_recurrent'\]=1; allowed values: True, False"):
+        build(central_critic=True, critic_recurrent=1)
+    with pytest.raises(ValueError, match=r"critic_recurrent'\]=True is an option of the recur"):
+        RLModuleSpec(
+            module_class=MaskedPPOTorchRLModule,
+            observation_space=obs_space(),
+            action_space=gym.spaces.Discrete(N_ACTIONS),
+            model_config={"central_critic": True, "critic_recurrent": True},
+        ).build()
     with pytest.raises(ValueError, match="observation_space"):
         RLModuleSpec(
             module_class=MaskedRecurrentPPOTorchRLModule,
@@ -237,15 +298,13 @@ def test_spec_and_class_selection():
     assert module_spec.model_config == {"central_critic": True, "recurrent_cell": "gru"}
 
 
-@pytest.mark.slow
-@pytest.mark.usefixtures("ray_session")
-def test_recurrent_module_trains_on_smax_3m_with_one_env_runner():
-    """build_algo() + train() x2, recurrent masked module chosen through model_config, one
-    remote env runner with two batched SMAX battles (the fused path carries the GRU state)."""
+def _smax_3m_config(*, num_env_runners: int, model: dict, training: dict):
+    """rllib_ext's PPO on SMAX 3m, a small GRU module with the central critic, two battles per
+    env runner, 128-step train batches; ``model`` / ``training`` add to it."""
     pytest.importorskip("jaxmarl", reason='needs jaxmarl: pip install "rllib-ext[smax]"')
     import rllib_ext
 
-    config = (
+    return (
         rllib_ext.PPOConfig()
         .environment(
             "smax", env_config={"map_name": "3m", "seed": 0, "state_mode": "agent_specific"}
@@ -257,13 +316,24 @@ def test_recurrent_module_trains_on_smax_3m_with_one_env_runner():
                 "fcnet_hiddens": [32],
                 "lstm_cell_size": 16,
                 "max_seq_len": 8,
-                "value_norm": True,
-                "death_masking": True,
+                **model,
             }
         )
-        .env_runners(num_env_runners=1, num_envs_per_env_runner=2, rollout_fragment_length=64)
-        .training(train_batch_size_per_learner=128, minibatch_size=64, num_epochs=2)
+        .env_runners(
+            num_env_runners=num_env_runners, num_envs_per_env_runner=2, rollout_fragment_length=64
+        )
+        .training(train_batch_size_per_learner=128, minibatch_size=64, num_epochs=2, **training)
         .debugging(seed=0)
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
+def test_recurrent_module_trains_on_smax_3m_with_one_env_runner():
+    """build_algo() + train() x2, recurrent masked module chosen through model_config, one
+    remote env runner with two batched SMAX battles (the fused path carries the GRU state)."""
+    config = _smax_3m_config(
+        num_env_runners=1, model={"value_norm": True, "death_masking": True}, training={}
     )
     algo = config.build_algo()
     try:
@@ -289,6 +359,56 @@ def test_recurrent_module_trains_on_smax_3m_with_one_env_runner():
         and 0.0 <= learner["rllib_ext/death_mask/dead_fraction"] < 1.0
     )
     assert not torch.equal(before["rnn.weight_hh_l0"], after["rnn.weight_hh_l0"])
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
+def test_recurrent_critic_state_is_recorded_by_the_fused_sampler_and_trained_on_smax_3m():
+    """build_algo() + train(), ``critic_recurrent`` with ``optimizers="actor_critic"``: the fused
+    SMAX sampler records the critic's state in every step's ``STATE_OUT``, the learner pipeline
+    starts each training sequence from a recorded state (or the initial zeros), and the critic's
+    cell trains with the critic's optimizer."""
+    from rllib_ext import _rllib_private as private
+
+    config = _smax_3m_config(
+        num_env_runners=0,
+        model={"critic_recurrent": True},
+        training={"grad_clip": 0.5, "optimizers": "actor_critic"},
+    )
+    algo = config.build_algo()
+    try:
+        module = algo.get_module("shared_policy")
+        assert module.critic_recurrent
+        before = module.critic_rnn.weight_hh_l0.detach().clone()
+        result = algo.train()
+        after = algo.get_module("shared_policy").critic_rnn.weight_hh_l0.detach().clone()
+        runner = algo.env_runner
+        episodes = runner.sample(num_timesteps=96, random_actions=False)
+        learner = algo.learner_group._learner
+        recorded = torch.from_numpy(  # every state the sampler recorded, lookback included
+            np.concatenate(
+                [
+                    sa.extra_model_outputs[Columns.STATE_OUT].data["critic_h"]
+                    for episode in episodes
+                    for sa in episode.agent_episodes.values()
+                ]
+            )
+        )
+        batch = private.learner_connector(learner)(
+            rl_module=learner.module, batch={}, episodes=episodes, metrics=None
+        )
+    finally:
+        algo.stop()
+    assert result["env_runners"]["rllib_ext/smax_fused_sampling"] == 1.0
+    stats = result["learners"]["shared_policy"]
+    assert np.isfinite(stats["vf_loss"]) and stats["gradients_critic_global_norm"] > 0
+    assert not torch.equal(before, after)
+    assert recorded.abs().sum() > 0
+    starts = torch.as_tensor(batch["shared_policy"][Columns.STATE_IN]["critic_h"])
+    assert starts.shape[1] == 16 and starts.abs().sum() > 0
+    for row in starts:  # each sequence starts from zeros or from a state the sampler recorded
+        if row.abs().sum() > 0:
+            assert torch.isclose(recorded, row).all(-1).any()
 
 
 def test_forward_train_refuses_learner_only_options_until_claimed():
