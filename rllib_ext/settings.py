@@ -152,8 +152,8 @@ class UpdateSettings:
     """Optimizers per module. ``"module"``: RLlib's one Adam over all of a module's parameters,
     so ``grad_clip`` bounds the policy's and the critic's gradients together. ``"actor_critic"``:
     two Adams per module, ``"critic"`` over the attributes the module names in
-    ``get_non_inference_attributes()`` (value head, critic encoders) and ``"policy"`` over the
-    rest, each clipped by ``grad_clip`` apart (RLlib clips per optimizer) with the config's
+    ``critic_attributes()`` where it has one, else ``get_non_inference_attributes()`` (value
+    head, critic encoders and cells) and ``"policy"`` over the rest, each clipped by ``grad_clip`` apart (RLlib clips per optimizer) with the config's
     ``lr``: JaxMARL's and MAPPO's separate actor and critic optimizers
     (``rllib_ext.learners.optimizer_groups``; results:
     ``gradients_policy_global_norm`` / ``gradients_critic_global_norm``)."""

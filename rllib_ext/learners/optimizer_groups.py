@@ -38,6 +38,12 @@ def _attribute(module: Any, dotted: str) -> Any:
     return functools.reduce(lambda obj, name: getattr(obj, name, None), dotted.split("."), module)
 
 
+def _unwrapped(module: Any) -> Any:
+    """The module under RLlib's DDP wrapper (``unwrapped()``), else ``module``."""
+    unwrapped = getattr(module, "unwrapped", None)
+    return unwrapped() if callable(unwrapped) else module
+
+
 def _critic_attribute_names(module_id: str, module: Any) -> list[str]:
     named = getattr(module, "critic_attributes", None)
     if callable(named):
@@ -75,6 +81,7 @@ def optimizer_groups(
     """
     if layout == "module":
         return [(DEFAULT_OPTIMIZER, list(params))]
+    module = _unwrapped(module)
     critic_ids = {id(p) for p in _critic_parameters(module_id, module)}
     critic = [p for p in params if id(p) in critic_ids]
     policy = [p for p in params if id(p) not in critic_ids]

@@ -297,6 +297,26 @@ class MaskedRecurrentPPOTorchRLModule(
             return names
         return [*names, "central_critic_encoder", *(["critic_rnn"] * self._critic_recurrent)]
 
+    @override(TorchRLModule)
+    def set_state(self, state: dict[str, Any]) -> None:
+        """RLlib's (a non-strict load), refusing a whole module's weights saved with the other
+        ``critic_recurrent``, which the non-strict load would skip or leave untrained in silence.
+
+        Raises:
+            ValueError: naming both settings and the fix.
+        """
+        if any(key.startswith("rnn.") for key in state):
+            saved = any(key.startswith("critic_rnn.") for key in state)
+            if saved != self._critic_recurrent:
+                raise ValueError(
+                    f"These module weights were saved with model_config['{CRITIC_RECURRENT_KEY}']="
+                    f"{saved}, but this module has {CRITIC_RECURRENT_KEY}="
+                    f"{self._critic_recurrent}. Fix: build it with --model-config "
+                    f"'{{\"{CRITIC_RECURRENT_KEY}\": {str(saved).lower()}}}' (model_config="
+                    f"{{'{CRITIC_RECURRENT_KEY}': {saved}}}), or start a new run."
+                )
+        super().set_state(state)
+
     @override(InferenceOnlyAPI)
     def get_non_inference_attributes(self) -> list[str]:
         # A recurrent critic's encoder and cell stay on env runners, which keep its state.
@@ -340,6 +360,12 @@ class MaskedRecurrentPPOTorchRLModule(
         embedded = self.central_critic_encoder(state.float())
         if not self._critic_recurrent:
             return embedded, {}
+        if _CRITIC_STATE_PREFIX + "h" not in state_in:
+            raise ValueError(
+                f"model_config['{CRITIC_RECURRENT_KEY}']=True: the batch has no critic state "
+                f"(Columns.STATE_IN keys {sorted(state_in)}). Fix: pass the state the module "
+                "recorded (RLlib's AddStatesFromEpisodesToBatch adds it) or get_initial_state()."
+            )
         return self._recur(self.critic_rnn, embedded, state_in, _CRITIC_STATE_PREFIX)
 
     @override(TorchRLModule)

@@ -68,6 +68,25 @@ def test_recurrent_central_critic_split(critic_recurrent):
     }
 
 
+def test_a_wrapped_module_is_split_as_the_module_itself():
+    """RLlib's DDP wrapper hides the module's attributes; the split reads the module under it."""
+    module = build_recurrent(central_critic=True, critic_recurrent=True)
+
+    class Wrapper(torch.nn.Module):  # what RLlib's TorchDDPRLModule offers: unwrapped()
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def unwrapped(self):
+            return self.inner
+
+    plain = optimizer_groups(MID, module, list(module.parameters()), "actor_critic")
+    wrapped = optimizer_groups(MID, Wrapper(module), list(module.parameters()), "actor_critic")
+    assert [(name, [id(p) for p in group]) for name, group in wrapped] == [
+        (name, [id(p) for p in group]) for name, group in plain
+    ]
+
+
 def test_module_layout_is_rllibs_one_optimizer():
     module = build_recurrent(central_critic=True)
     params = list(module.parameters())

@@ -191,8 +191,39 @@ def test_recurrent_critic_state_is_stepped_by_runners_and_carried_into_training(
     for key in prefixed:
         changed[Columns.STATE_IN][key] = torch.randn(8, CELL)
     torch.testing.assert_close(module.compute_values(changed), values)
-    changed[Columns.STATE_IN]["critic_h"] = torch.zeros(8, CELL)
-    assert not torch.allclose(module.compute_values(changed), values)
+    for key in prefixed:  # each of the critic's state tensors enters the values
+        moved = dict(changed, **{Columns.STATE_IN: dict(changed[Columns.STATE_IN])})
+        moved[Columns.STATE_IN]["critic_" + key] = torch.zeros(8, CELL)
+        assert not torch.allclose(module.compute_values(moved), values)
+    with pytest.raises(
+        ValueError, match=r"no critic state .*\['c', 'h'\]|no critic state .*\['h'\]"
+    ):
+        module.compute_values(
+            {
+                Columns.OBS: data[Columns.OBS],
+                Columns.STATE_IN: {
+                    k: v for k, v in data[Columns.STATE_IN].items() if not k.startswith("critic_")
+                },
+            }
+        )
+
+
+@pytest.mark.parametrize("saved", [False, True])
+def test_weights_of_the_other_critic_recurrent_are_refused(saved):
+    """torch's non-strict load would skip a saved critic cell (or leave a new one untrained)
+    in silence; the module refuses with the setting to use. Runner syncs still load."""
+    source = build(central_critic=True, critic_recurrent=saved, head_fcnet_hiddens=[8])
+    target = build(central_critic=True, critic_recurrent=not saved, head_fcnet_hiddens=[8])
+    with pytest.raises(ValueError, match=rf"saved with .*critic_recurrent'\]={saved}.*Fix"):
+        target.set_state(source.get_state())
+    same = build(central_critic=True, critic_recurrent=saved, head_fcnet_hiddens=[8])
+    same.set_state(source.get_state())
+    runner = build(
+        central_critic=True, critic_recurrent=saved, head_fcnet_hiddens=[8], inference_only=True
+    )
+    runner.set_state(source.get_state(inference_only=True))
+    for key, value in runner.state_dict().items():
+        torch.testing.assert_close(value, same.state_dict()[key])
 
 
 @pytest.mark.parametrize("central_critic", [False, True])
