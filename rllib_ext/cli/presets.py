@@ -1,7 +1,8 @@
 """Per-env presets of ``rllib-ext train``: small YAML files shipped in ``rllib_ext/presets/``.
 
 A preset holds the keys of a ``--config`` YAML file (``env``, ``training: {...}``,
-``model_config``...) plus a one-line ``description``. ``rllib-ext train --preset smax-3m``
+``model_config``...) plus a one-line ``description`` and, optionally, a one-line ``example``
+command (default ``rllib-ext train --preset NAME``). ``rllib-ext train --preset smax-3m``
 applies one; ``rllib-ext presets`` lists them.
 
 Where a preset sits in the precedence of :func:`rllib_ext.cli.runconfig.resolve_settings`
@@ -77,6 +78,8 @@ class Preset:
     description: str
     values: dict[str, Any]
     """Converted option values, as :func:`rllib_ext.cli.conversion.load_yaml` returns them."""
+    example: str = ""
+    """A command that runs it (the YAML's ``example``, else ``rllib-ext train --preset NAME``)."""
 
 
 @dataclass(frozen=True)
@@ -121,7 +124,8 @@ def load_preset(name: str) -> Preset:
         raise CLIError(f"preset {name!r} must hold a mapping, got {type(data).__name__}.")
     data = dict(data)
     description = str(data.pop("description", "")).strip()
-    return Preset(name, description, convert_values(data, source=f"preset {name!r}"))
+    example = str(data.pop("example", "") or f"rllib-ext train --preset {name}").strip()
+    return Preset(name, description, convert_values(data, source=f"preset {name!r}"), example)
 
 
 def list_presets() -> list[Preset]:
@@ -129,10 +133,15 @@ def list_presets() -> list[Preset]:
 
 
 def render_presets() -> str:
-    """What ``rllib-ext presets`` prints: one ``name  description`` line per preset."""
+    """What ``rllib-ext presets`` prints: a ``name  description`` line per preset and, under
+    it, ``$ example``."""
     presets = list_presets()
     width = max(len(p.name) for p in presets)
-    lines = [f"{p.name:<{width}}  {p.description}" for p in presets]
+    lines = [
+        line
+        for p in presets
+        for line in (f"{p.name:<{width}}  {p.description}", f"{'':<{width}}  $ {p.example}")
+    ]
     lines.append("")
     lines.append(
         "Use: rllib-ext train --preset NAME [flags]; flags, --set, --training and --config win "

@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rllib_ext.cli.errors import CLIError
-from rllib_ext.cli.main import main
+from rllib_ext.cli.main import _build_parser, _option_values, main
 from rllib_ext.cli.presets import (
     SMAC_PRESET,
     SMAX_PRESET,
@@ -83,11 +84,23 @@ def test_cartpole_preset_is_the_cli_defaults() -> None:
     assert preset.to_dict() | same == defaults.to_dict() | same
 
 
-def test_presets_command_lists_names_and_descriptions(capsys: pytest.CaptureFixture[str]) -> None:
+def test_presets_command_lists_names_descriptions_and_a_command(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     assert main(["presets"]) == 0
     out = capsys.readouterr().out
     for preset in list_presets():
         assert f"{preset.name}  " in out and preset.description in out
+        assert f"$ {preset.example}\n" in out and preset.example.startswith("rllib-ext train ")
+        # The command resolves (flags parsed and checked as `train` does) to this preset's run.
+        args = _build_parser().parse_args(shlex.split(preset.example)[1:])
+        settings = resolve_settings(
+            _option_values(args), set_values=args.set_values, preset=args.preset
+        )
+        assert settings.preset == preset.name or (
+            preset.name == "smac" and settings.env == "smac_v2"
+        )
+    assert load_preset("cartpole").example == "rllib-ext train --preset cartpole"
 
 
 def test_user_sources_win_over_the_preset(tmp_path: Path) -> None:
