@@ -51,6 +51,7 @@ from rllib_ext.modules.value_norm import VALUE_NORM_KEY, ValueNormAPI, check_val
 
 __all__ = [
     "CENTRAL_CRITIC_KEY",
+    "CRITIC_RECURRENT_KEY",
     "DEATH_MASKING_KEY",
     "RECURRENT_CELLS",
     "RECURRENT_CELL_KEY",
@@ -64,6 +65,8 @@ CENTRAL_CRITIC_KEY = "central_critic"
 RECURRENT_CELL_KEY = "recurrent_cell"
 """``model_config`` key selecting the recurrent module and its cell."""
 RECURRENT_CELLS: tuple[str, ...] = ("gru", "lstm")
+CRITIC_RECURRENT_KEY = "critic_recurrent"
+"""``model_config`` key of the recurrent module: a recurrent cell in the central critic."""
 
 _FLOAT32_MIN = torch.finfo(torch.float32).min
 
@@ -163,7 +166,7 @@ class MaskedPPOTorchRLModule(DefaultPPOTorchRLModule, ValueNormAPI, LearnerOptio
                 f"recurrent_cell={config[RECURRENT_CELL_KEY]!r}) (or module_class="
                 "MaskedRecurrentPPOTorchRLModule), or drop recurrent_cell."
             )
-        for key in ("orthogonal_init", "critic_recurrent"):
+        for key in ("orthogonal_init", CRITIC_RECURRENT_KEY):
             if config.get(key):
                 raise ValueError(
                     f"model_config['{key}']=True is an option of the recurrent module "

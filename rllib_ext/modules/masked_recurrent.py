@@ -74,6 +74,7 @@ from torch import nn
 from rllib_ext.modules.learner_options import DEATH_MASKING_KEY, LearnerOptionsAPI
 from rllib_ext.modules.masked_ppo import (
     CENTRAL_CRITIC_KEY,
+    CRITIC_RECURRENT_KEY,
     RECURRENT_CELL_KEY,
     RECURRENT_CELLS,
     check_masked_module_options,
@@ -110,8 +111,6 @@ def _mlp(in_size: int, hiddens: list[int], activation: Any) -> tuple[nn.Module, 
 
 ORTHOGONAL_INIT_KEY = "orthogonal_init"
 """``model_config`` key: JaxMARL's / CleanRL's initialization (module docstring)."""
-CRITIC_RECURRENT_KEY = "critic_recurrent"
-"""``model_config`` key: a recurrent cell in the central critic (module docstring)."""
 _CRITIC_STATE_PREFIX = "critic_"
 
 
