@@ -24,6 +24,7 @@ __all__ = ["PRIVATE_NAMES", "PrivateName", "check_component", "cpu_has_amx", "cp
 __all__ += ["done_episodes_for_metrics", "encoder_config", "env_to_module", "fix_spaces"]
 __all__ += ["foreach_mul_", "foreach_norm", "increase_sampled_metrics", "learner_connector"]
 __all__ += ["learner_index", "learner_param", "log_env_steps_sampled", "mark_loss_mask_added"]
+__all__ += ["mark_zero_padded"]
 __all__ += ["metrics_state_stats", "missing_private_names", "module_forward_in_eval_mode"]
 __all__ += ["module_to_env", "multi_agent_episode_from_parts", "needs_initial_reset"]
 __all__ += ["ongoing_episodes_for_metrics", "optimizer_module_ids", "registered_env_creator"]
@@ -57,6 +58,9 @@ _PIPELINE = "ray.rllib.connectors.connector_pipeline_v2:ConnectorPipelineV2"
 _ADD_ONE_TS = "ray.rllib.connectors.learner.add_one_ts_to_episodes_and_truncate:"
 _ADD_ONE_TS += "AddOneTsToEpisodesAndTruncate"
 _LOSS_MASK_ADDED = "_added_loss_mask_for_valid_episode_ts"
+_ADD_TIME_DIM = "ray.rllib.connectors.common.add_time_dim_to_batch_and_zero_pad:"
+_ADD_TIME_DIM += "AddTimeDimToBatchAndZeroPad"
+_ZERO_PADDED = "_zero_padded_for_mid="  # + the module id; Learner reads it
 
 _RUNNER_PRIVATE_ATTRIBUTES = (
     "_env_to_module _module_to_env _callbacks _needs_initial_reset _ongoing_episodes_for_metrics "
@@ -105,6 +109,7 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     ),
     PrivateName(_PIPELINE, "_fix_spaces", "method", "connectors/batching.py: pipeline surgery"),
     PrivateName(_ADD_ONE_TS, _LOSS_MASK_ADDED, "data_key", "connectors/batching.py: shared_data"),
+    PrivateName(_ADD_TIME_DIM, _ZERO_PADDED, "data_key", "connectors/batching.py: shared_data"),
     PrivateName(
         "ray.rllib.core.models.catalog:Catalog",
         "_get_encoder_config",
@@ -299,6 +304,12 @@ def fix_spaces(pipeline: Any) -> None:
 def mark_loss_mask_added(shared_data: dict[str, Any]) -> None:
     """Tells later pieces (``AddTimeDimToBatchAndZeroPad``) the loss mask is in the batch."""
     shared_data[_LOSS_MASK_ADDED] = True
+
+
+def mark_zero_padded(shared_data: dict[str, Any], module_id: Any) -> None:
+    """Tells ``Learner.update`` that ``module_id``'s columns are time-ranked and zero-padded
+    (it then builds that module's ``SampleBatch`` with ``_zero_padded=True``)."""
+    shared_data[f"{_ZERO_PADDED}{module_id}"] = True
 
 
 def multi_agent_episode_from_parts(

@@ -109,8 +109,9 @@ class BatchingSettings:
     """Episodes to train batch: rllib_ext's fused pass or RLlib's own connector pieces.
     ``"vectorized"``: one fused pass (``rllib_ext.connectors.batching``) in place of RLlib's seven default pieces from
     ``AddOneTsToEpisodesAndTruncate`` to ``BatchIndividualItems``, same batch, same episodes
-    afterwards; it runs RLlib's pieces itself where it cannot be exact (stateful modules, custom
-    pieces in between). ``"rllib"``: RLlib's pieces, unchanged."""
+    afterwards, stateful modules' sequences included; it runs RLlib's pieces itself where it
+    cannot be exact (custom pieces in between, recurrent episodes without ``state_out``).
+    ``"rllib"``: RLlib's pieces, unchanged."""
 
     def __post_init__(self) -> None:
         _check_fields(self)

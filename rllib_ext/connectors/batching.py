@@ -21,8 +21,11 @@ This piece produces the same batch and leaves the episodes in the same state:
   RLlib's.
 
 It only takes this path where it is exact: an empty incoming batch, numpy-finalized episode
-chunks of at least one step, the same ``extra_model_outputs`` keys in every chunk, and no
-stateful module (those need ``AddTimeDimToBatchAndZeroPad``/``AddStatesFromEpisodesToBatch``).
+chunks of at least one step, the same ``extra_model_outputs`` keys in every chunk; for a
+stateful module, ``max_seq_len`` in its ``model_config`` and a ``state_out`` in every chunk
+(a continuing chunk's in its lookback too), where this piece also does what RLlib's
+``AddTimeDimToBatchAndZeroPad`` and ``AddStatesFromEpisodesToBatch`` do
+(``rllib_ext.connectors.sequences``: ``[B, T, ...]`` columns, ``seq_lens``, ``state_in``).
 Otherwise it runs the original RLlib pieces, which it keeps, and reports
 ``<module>/batching/vectorized = 0``.
 """
@@ -59,6 +62,7 @@ from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 from ray.rllib.utils.typing import EpisodeType, ModuleID
 
 from rllib_ext import _rllib_private as private
+from rllib_ext.connectors.sequences import SequenceLayout, sequence_state_in, why_not_sequences
 
 __all__ = ["FUSED_PIECES", "VectorizedEpisodesToBatch", "install_vectorized_batching"]
 
@@ -140,8 +144,11 @@ class VectorizedEpisodesToBatch(ConnectorV2):
     Output, per module id ``mid`` (``DEFAULT_MODULE_ID`` for single-agent): numpy columns of
     ``N = sum(len(chunk) + 1)`` rows, ``loss_mask``/``terminateds``/``truncateds`` ``[N]``
     bool, ``obs`` ``[N, *obs_shape]`` (or its nested structure), ``actions``, ``rewards``
-    ``[N]``, and every ``extra_model_outputs`` column, in RLlib's row order. Logs
-    ``<mid>/batching/vectorized`` (1.0 fused, 0.0 fell back to RLlib's pieces).
+    ``[N]``, and every ``extra_model_outputs`` column but the recurrent state, in RLlib's row
+    order. For a stateful module every column is ``[B, T, ...]`` instead (each chunk's rows split
+    into ``T = max_seq_len`` sequences, zero-padded), plus ``seq_lens`` ``[B]`` and ``state_in``
+    ``[B, ...]``. Logs ``<mid>/batching/vectorized`` (1.0 fused, 0.0 fell back to RLlib's
+    pieces).
     """
 
     def __init__(
@@ -212,17 +219,23 @@ class VectorizedEpisodesToBatch(ConnectorV2):
             groups: dict[ModuleID, list[SingleAgentEpisode]] = {}
             for chunk in chunks:
                 groups.setdefault(chunk.module_id, []).append(chunk)
-            batch = {mid: _columns(group) for mid, group in groups.items()}
+            batch = {
+                mid: _module_columns(rl_module[mid], group, mid, shared_data)[0]
+                for mid, group in groups.items()
+            }
             shared_data["memorized_map_structure"] = {
                 mid: [(c.multi_agent_episode_id, c.agent_id) for c in group]
                 for mid, group in groups.items()
             }
         else:
-            columns = _columns(chunks)
-            shared_data["memorized_map_structure"] = [
-                eps_id for c in chunks for eps_id in [c.id_] * len(c)
-            ]
             is_multi_rl_module = isinstance(rl_module, MultiRLModule)
+            module = rl_module[DEFAULT_MODULE_ID] if is_multi_rl_module else rl_module
+            columns, layout = _module_columns(module, chunks, DEFAULT_MODULE_ID, shared_data)
+            shared_data["memorized_map_structure"] = (
+                [eps_id for c in chunks for eps_id in [c.id_] * len(c)]
+                if layout is None
+                else layout.memorized_map_structure([c.id_ for c in chunks])
+            )
             batch = {DEFAULT_MODULE_ID: columns} if is_multi_rl_module else columns
         self._log(metrics, batch, rl_module, 1.0)
         return batch
@@ -249,14 +262,23 @@ class VectorizedEpisodesToBatch(ConnectorV2):
             if tuple(chunk.extra_model_outputs) != keys:
                 return "episode chunks carry different extra_model_outputs"
             module_ids.add(chunk.module_id if is_ma else DEFAULT_MODULE_ID)
-        if Columns.STATE_IN in keys or Columns.STATE_OUT in keys:
-            return "episodes carry recurrent state"
+        carries_state = Columns.STATE_IN in keys or Columns.STATE_OUT in keys
         if isinstance(rl_module, MultiRLModule):
-            for mid in module_ids:
-                if mid not in rl_module or rl_module[mid].unwrapped().is_stateful():
-                    return f"module {mid!r} is stateful or unknown"
-        elif rl_module is not None and rl_module.is_stateful():
-            return "the module is stateful"
+            modules = {mid: rl_module[mid] if mid in rl_module else None for mid in module_ids}
+            if None in modules.values():
+                return "a module of the episodes is not in the MultiRLModule"
+        else:
+            modules = {DEFAULT_MODULE_ID: rl_module}
+        for mid, module in modules.items():
+            if module is None or not module.unwrapped().is_stateful():
+                if carries_state:
+                    return "episodes carry recurrent state for a module that is not stateful"
+                continue
+            if "max_seq_len" not in module.model_config:
+                return f"stateful module {mid!r} has no max_seq_len"  # RLlib's pieces raise
+            reason = why_not_sequences([c for c in chunks if not is_ma or c.module_id == mid])
+            if reason is not None:
+                return reason
         return None
 
     @staticmethod
@@ -282,6 +304,28 @@ class VectorizedEpisodesToBatch(ConnectorV2):
             metrics.log_value((mid, BATCHING_IMPL_KEY), value, window=1)
 
 
+def _module_columns(
+    module: Any, chunks: list[SingleAgentEpisode], mid: ModuleID, shared_data: dict
+) -> tuple[dict[str, Any], SequenceLayout | None]:
+    """One module's train-batch columns of ``chunks`` (already extended by one step each) and,
+    for a stateful module, the layout of its sequences (else ``None``): its columns then
+    ``[B, T, ...]`` plus ``seq_lens`` and ``state_in``, as RLlib's ``AddTimeDimToBatchAndZeroPad``
+    and ``AddStatesFromEpisodesToBatch`` leave them (``rllib_ext.connectors.sequences``)."""
+    columns = _columns(chunks)
+    if module is None or not module.unwrapped().is_stateful():
+        return columns, None
+    lens = np.fromiter((len(c) for c in chunks), dtype=np.int64, count=len(chunks))
+    layout = SequenceLayout(lens, module.model_config["max_seq_len"])
+    columns = {key: layout.zero_pad(value) for key, value in columns.items()}
+    columns[Columns.SEQ_LENS] = layout.seq_lens()
+    state_out = _concat(
+        [_buffer_rows(c.extra_model_outputs[Columns.STATE_OUT], len(c)) for c in chunks]
+    )
+    columns[Columns.STATE_IN] = sequence_state_in(module, chunks, state_out, layout)
+    private.mark_zero_padded(shared_data, mid)
+    return columns, layout
+
+
 def _columns(chunks: list[SingleAgentEpisode]) -> dict[str, Any]:
     """The train-batch columns of ``chunks`` (already extended by one step each), in order."""
     lens = np.fromiter((len(c) for c in chunks), dtype=np.int64, count=len(chunks))
@@ -294,8 +338,10 @@ def _columns(chunks: list[SingleAgentEpisode]) -> dict[str, Any]:
     truncateds = np.zeros(n_rows, dtype=bool)
     truncateds[bootstrap_rows - 1] = [bool(c.is_truncated) for c in chunks]
 
-    # Recurrent-state columns never get here (the fused path refuses them).
-    extra_keys = [k for k in chunks[0].extra_model_outputs if k not in _FIXED_COLUMNS]
+    # RLlib's AddColumnsFromEpisodesToTrainBatch leaves the recurrent state to
+    # AddStatesFromEpisodesToBatch.
+    skip = {*_FIXED_COLUMNS, Columns.STATE_IN, Columns.STATE_OUT}
+    extra_keys = [k for k in chunks[0].extra_model_outputs if k not in skip]
     obs, actions, rewards = [], [], []
     extras: dict[str, list[Any]] = {k: [] for k in extra_keys}
     for chunk, n in zip(chunks, lens.tolist(), strict=True):

@@ -69,9 +69,13 @@ class Case:
     def run(self, pipeline) -> dict:
         return self.run_full(pipeline)[0]
 
-    def run_full(self, pipeline, *, metrics: Any = None) -> tuple[dict, dict, list]:
-        """(batch, shared_data, episodes after the call) on a fresh copy of the episodes."""
-        episodes, shared_data = copy.deepcopy(self.episodes), {}
+    def run_full(
+        self, pipeline, *, metrics: Any = None, episodes: list | None = None
+    ) -> tuple[dict, dict, list]:
+        """(batch, shared_data, episodes after the call) on a fresh copy of the episodes (of
+        ``episodes`` where given, else the case's)."""
+        episodes = copy.deepcopy(self.episodes if episodes is None else episodes)
+        shared_data: dict = {}
         batch = pipeline(
             rl_module=self.learner.module,
             batch={},

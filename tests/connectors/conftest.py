@@ -25,5 +25,8 @@ def multi_agent(ray_session):
 def lstm(ray_session):
     config = small_config(model_config={"use_lstm": True, "max_seq_len": 20, "lstm_cell_size": 16})
     case = Case(config, num_timesteps=600)
+    # A second sample: episodes still running at the end of the first continue in chunks with
+    # t_started > 0, whose first state_in is the state_out in their lookback.
+    case.episodes = case.algo.env_runner.sample(num_timesteps=600, random_actions=False)
     yield case
     case.algo.stop()

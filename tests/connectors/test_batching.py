@@ -9,6 +9,8 @@ the episodes must be left in the same state (ids, lengths, flags, buffers), as m
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -24,6 +26,7 @@ from rllib_ext.connectors.batching import (
     VectorizedEpisodesToBatch,
     install_vectorized_batching,
 )
+from rllib_ext.connectors.sequences import why_not_sequences
 from tests.connectors._cases import Case, small_config
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -127,16 +130,80 @@ def test_learner_installs_it_and_reports_it(cartpole: Case) -> None:
     assert metrics.peek(("default_policy", BATCHING_IMPL_KEY)) == 1.0
 
 
-def test_stateful_module_falls_back_to_rllib_pieces(lstm: Case) -> None:
-    pipeline = _fused(lstm)
+@pytest.fixture(scope="module")
+def smax_recurrent():
+    """SMAX 3m with the recurrent masked module and JaxMARL's recurrent critic: a Dict state
+    (``h``, ``critic_h``) per agent chunk, agents leaving at death (chunks of many lengths),
+    two battles; the second sample continues the first's battles (``t_started > 0``)."""
+    config = (
+        rllib_ext.PPOConfig()
+        .environment("smax", env_config={"map_name": "3m"})
+        .env_runners(num_env_runners=0, num_envs_per_env_runner=2)
+        .rl_module(
+            model_config={
+                "recurrent_cell": "gru",
+                "central_critic": True,
+                "critic_recurrent": True,
+                "fcnet_hiddens": [16],
+                "lstm_cell_size": 8,
+                "max_seq_len": 8,
+            }
+        )
+        .training(train_batch_size_per_learner=400)
+        .debugging(seed=0)
+    )
+    case = Case(config, num_timesteps=400)
+    case.episodes = case.algo.env_runner.sample(num_timesteps=400, random_actions=False)
+    yield case
+    case.algo.stop()
+
+
+@pytest.mark.parametrize("case_name", ["lstm", "smax_recurrent"])
+def test_stateful_fused_equals_rllib_pieces(case_name: str, request: pytest.FixtureRequest) -> None:
+    """Time rank, zero padding, ``seq_lens`` and ``state_in`` as RLlib's
+    ``AddTimeDimToBatchAndZeroPad`` + ``AddStatesFromEpisodesToBatch`` build them."""
+    case: Case = request.getfixturevalue(case_name)
+    (mid,) = case.learner.module.keys()
+    max_seq_len = case.learner.module[mid].model_config["max_seq_len"]
+    exp_batch, exp_shared, exp_episodes = case.run_full(case.stock_pipeline())
     metrics = MetricsLogger()
-    exp_batch, exp_shared, exp_episodes = lstm.run_full(lstm.stock_pipeline())
-    act_batch, act_shared, act_episodes = lstm.run_full(pipeline, metrics=metrics)
-    assert metrics.peek(("default_policy", BATCHING_IMPL_KEY)) == 0.0
-    assert act_batch["default_policy"]["obs"].ndim == 3  # [B, T, obs]: RLlib's zero-padding ran
+    act_batch, act_shared, act_episodes = case.run_full(_fused(case), metrics=metrics)
+    assert metrics.peek((mid, BATCHING_IMPL_KEY)) == 1.0
     _assert_same_batch(exp_batch, act_batch)
     assert act_shared == exp_shared
+    assert act_shared[f"_zero_padded_for_mid={mid}"] is True
     _assert_same_episodes(exp_episodes, act_episodes)
+    # [B, T] with padding; every layout of a chunk is exercised: chunks that start their
+    # episode (the initial state) and chunks that continue one (their lookback's state_out),
+    # chunks of one and of several sequences.
+    seq_lens = act_batch[mid]["seq_lens"]
+    assert act_batch[mid]["loss_mask"].shape == (len(seq_lens), max_seq_len)
+    assert (seq_lens < max_seq_len).any() and (seq_lens == max_seq_len).any()
+    chunks = _chunks(case.episodes)
+    assert any(c.t_started > 0 for c in chunks) and any(c.t_started == 0 for c in chunks)
+    assert any(len(c) + 1 > max_seq_len for c in chunks)
+    assert any(len(c) + 1 <= max_seq_len for c in chunks)
+
+
+def test_stateful_chunks_without_state_out_fall_back_to_rllib_pieces(lstm: Case) -> None:
+    """Episodes without ``state_out`` (e.g. offline data): RLlib's pieces start every sequence
+    from the initial state, and the piece hands over to them."""
+    episodes = copy.deepcopy(lstm.episodes)
+    for chunk in _chunks(episodes):
+        del chunk.extra_model_outputs["state_out"]
+    metrics = MetricsLogger()
+    exp_batch, exp_shared, _ = lstm.run_full(lstm.stock_pipeline(), episodes=episodes)
+    act_batch, act_shared, _ = lstm.run_full(_fused(lstm), metrics=metrics, episodes=episodes)
+    assert metrics.peek(("default_policy", BATCHING_IMPL_KEY)) == 0.0
+    _assert_same_batch(exp_batch, act_batch)
+    assert act_shared == exp_shared
+
+
+def test_continuing_chunk_without_lookback_state_is_refused(lstm: Case) -> None:
+    chunk = copy.deepcopy(next(c for c in _chunks(lstm.episodes) if c.t_started > 0))
+    assert why_not_sequences([chunk]) is None
+    chunk.extra_model_outputs["state_out"].lookback = 0
+    assert "no state_out before its start" in why_not_sequences([chunk])
 
 
 def test_non_empty_incoming_batch_falls_back(cartpole: Case) -> None:
