@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
+import signal
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -34,3 +37,20 @@ def token_auth_env(directory: Path) -> dict[str, str]:
     path = directory / "auth_token"
     path.write_text(secrets.token_hex(32))
     return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(path)}
+
+
+def stop_ray_head(head: subprocess.Popen) -> None:
+    """Ends a ``ray start --head --block`` started with ``start_new_session=True``: SIGTERM to
+    the ``ray start`` process only (it stops its GCS, raylet and workers and exits, about 2 s
+    here; SIGTERM to the whole group left it waiting 30+ s for children that had already been
+    signalled), then SIGKILL to whatever of its process group is left, always."""
+    head.send_signal(signal.SIGTERM)
+    try:
+        head.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(head.pid, signal.SIGKILL)
+    except ProcessLookupError:  # the group is gone: nothing left
+        pass
+    head.wait()

@@ -35,7 +35,7 @@ import pandas as pd
 import pytest
 
 from rllib_ext.cli.checkpoints import COMMIT_DELAY_ENV, RunState, read_run_state, scan
-from tests.cli._procs import console_script, free_port, token_auth_env
+from tests.cli._procs import console_script, free_port, stop_ray_head, token_auth_env
 
 pytestmark = pytest.mark.slow
 
@@ -84,12 +84,7 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             time.sleep(0.5)
         yield address
     finally:
-        os.killpg(head.pid, signal.SIGTERM)  # the head's reaper ends its processes
-        try:
-            head.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait()
+        stop_ray_head(head)
         log.close()
         shutil.rmtree(temp_dir, ignore_errors=True)
         patch.undo()

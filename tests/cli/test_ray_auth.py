@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from rllib_ext.cli.ray_auth import AUTH_FIX, auth_failure, client_auth, token_source
-from tests.cli._procs import console_script, free_port, token_auth_env
+from tests.cli._procs import console_script, free_port, stop_ray_head, token_auth_env
 
 # The text Ray 2.60 raises after its retries (ConnectionError from RuntimeError).
 REFUSED = (
@@ -109,12 +108,7 @@ def token_head(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
         time.sleep(2)  # the GCS listens before it serves
         yield f"127.0.0.1:{port}", auth
     finally:
-        os.killpg(head.pid, signal.SIGTERM)
-        try:
-            head.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait()
+        stop_ray_head(head)
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
