@@ -125,11 +125,13 @@ def sequence_state_in(
     offsets = np.arange(layout.batch_size) - np.repeat(layout.first_sequence, layout.num_sequences)
     source = np.repeat(layout.first_row, layout.num_sequences) + offsets * t - 1
 
-    def gather(outs: np.ndarray, *first_leaves: np.ndarray) -> np.ndarray:
+    def gather(*leaves: np.ndarray) -> np.ndarray:
+        outs, first_leaves = leaves[1], (leaves[0], *leaves[2:])
         dtype = np.result_type(outs.dtype, *(np.asarray(f).dtype for f in first_leaves))
         out = np.empty((layout.batch_size, *outs.shape[1:]), dtype)
         out[later] = outs[source[later]]
         out[layout.first_sequence] = np.stack(first_leaves)
         return out
 
-    return _map(gather, state_out, *firsts)
+    # The first chunk's first state leads: RLlib's batch keeps its dict key order.
+    return _map(gather, firsts[0], state_out, *firsts[1:])

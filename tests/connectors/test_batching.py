@@ -172,6 +172,7 @@ def test_stateful_fused_equals_rllib_pieces(case_name: str, request: pytest.Fixt
     _assert_same_batch(exp_batch, act_batch)
     assert act_shared == exp_shared
     assert act_shared[f"_zero_padded_for_mid={mid}"] is True
+    assert list(act_batch[mid]["state_in"]) == list(exp_batch[mid]["state_in"])  # key order too
     _assert_same_episodes(exp_episodes, act_episodes)
     # [B, T] with padding; every layout of a chunk is exercised: chunks that start their
     # episode (the initial state) and chunks that continue one (their lookback's state_out),
